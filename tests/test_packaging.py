@@ -1,0 +1,87 @@
+"""The package's own hygiene: dependency lists agree, modules match their notebooks, imports stay light."""
+import configparser
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _settings():
+    cfg = configparser.ConfigParser(delimiters=["="])
+    cfg.read(ROOT / "settings.ini")
+    return cfg["DEFAULT"]
+
+
+def _environment_pip_requirements():
+    lines, inside = [], False
+    for line in (ROOT / "environment.yml").read_text().splitlines():
+        stripped = line.strip()
+        if stripped == "- pip:":
+            inside = True
+            continue
+        if inside and stripped.startswith("- "):
+            item = stripped[2:].strip()
+            if item != "-e .":
+                lines.append(item)
+    return lines
+
+
+def test_environment_yml_lists_exactly_the_settings_requirements():
+    s = _settings()
+    wanted = shlex.split(s["requirements"]) + shlex.split(s["dev_requirements"])
+    assert sorted(_environment_pip_requirements()) == sorted(wanted)
+
+
+def test_nbdev_pins_are_in_dev_requirements():
+    dev = shlex.split(_settings()["dev_requirements"])
+    for pin in ("nbdev==2.4.14", "execnb>=0.1.12,<0.2", "fastcore>=1.12.3,<1.13", "ghapi>=1.0.3,<2"):
+        assert pin in dev
+
+
+def test_exported_modules_do_not_import_nbdev():
+    code = "import sys, basedirected, pkgutil, importlib\n" \
+           "[importlib.import_module('basedirected.' + m.name) for m in pkgutil.iter_modules(basedirected.__path__)]\n" \
+           "bad = [m for m in sys.modules if m.split('.')[0] in ('nbdev', 'execnb', 'IPython', 'fastcore')]\n" \
+           "assert not bad, bad"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_modules_are_in_sync_with_notebooks(tmp_path):
+    nbdev_export = shutil.which("nbdev_export") or str(Path(sys.executable).parent / "nbdev_export")
+    if not Path(nbdev_export).exists():
+        pytest.skip("nbdev_export is not installed")
+    shutil.copytree(ROOT / "nbs", tmp_path / "nbs", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    (tmp_path / "basedirected").mkdir()  # from nothing: a module no notebook exports is an orphan
+    for name in ("settings.ini", "setup.py", "README.md"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    subprocess.run([nbdev_export], cwd=tmp_path, check=True, capture_output=True)
+    for py in sorted((ROOT / "basedirected").glob("*.py")):
+        assert (tmp_path / "basedirected" / py.name).read_text() == py.read_text(), f"{py.name} is out of sync with nbs/: run nbdev_export"
+    exported = {p.name for p in (tmp_path / "basedirected").glob("*.py")}
+    committed = {p.name for p in (ROOT / "basedirected").glob("*.py")}
+    assert committed == exported, f"orphan modules {committed - exported}, missing modules {exported - committed}"
+
+
+def _readme_commands():
+    text = (ROOT / "README.md").read_text()
+    blocks = text.split("```sh\n")[1:3]
+    return [b.split("\n```")[0].strip() for b in blocks]
+
+
+def test_ci_runs_the_readme_test_command():
+    main_cmd, test_cmd = _readme_commands()
+    assert "pip install torch==2.13.0" in main_cmd and "pip install torch==2.13.0" in test_cmd
+    assert test_cmd in (ROOT / ".ci" / "run").read_text()
+
+
+def test_readme_and_index_show_the_same_commands():
+    import json
+    nb = json.loads((ROOT / "nbs" / "index.ipynb").read_text())
+    text = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    for cmd in _readme_commands():
+        assert cmd in text, f"nbs/index.ipynb lacks the README command: {cmd}"
