@@ -119,7 +119,7 @@ def response_nll(model: nn.Module, batch: Batch, extra_embeddings=None) -> tuple
     logits = model(batch.ids, batch.attention_mask, extra_embeddings=extra_embeddings)
     return gather_response(token_surprisal(logits, batch.ids), batch)
 
-# %% ../nbs/06_model.ipynb #93b043ff
+# %% ../nbs/06_model.ipynb #7b5b43db
 def batch_indices(n: int, batch_size: int, seed: int, step: int) -> torch.Tensor:
     "Indices of the examples in minibatch `step`: epoch-wise permutations seeded by `(seed, epoch)`."
     per_epoch = max(n // batch_size, 1)
@@ -138,7 +138,7 @@ class BaseTrainConfig:
     null_block_fraction: float = 0.5  # share of each batch laid out with <z> <znull> </z>
     def to_dict(self): return asdict(self)
 
-# %% ../nbs/06_model.ipynb #7b5b43db
+# %% ../nbs/06_model.ipynb #d6db514e
 def pretrain_base(vocab: Vocab, train: list[Example], config: BaseTrainConfig, seed: int = 0,
                   device: str | torch.device = "cpu", progress: bool = False) -> tuple[TinyCausalLM, list[float]]:
     "Train $p_\\theta$ z-free on `train`; returns the model (eval mode) and its loss curve."
@@ -164,7 +164,7 @@ def pretrain_base(vocab: Vocab, train: list[Example], config: BaseTrainConfig, s
         losses.append(loss.item())
     return model.eval(), losses
 
-# %% ../nbs/06_model.ipynb #414bdb32
+# %% ../nbs/06_model.ipynb #e4eba6cc
 class FrozenReference(nn.Module):
     "A frozen copy of $p_\\theta$ that computes $b_{\\theta,t}$ in response coordinates."
     def __init__(self, base: nn.Module):
@@ -182,7 +182,7 @@ class FrozenReference(nn.Module):
         nll, mask = response_nll(self.model, batch)
         return nll.float(), mask
 
-# %% ../nbs/06_model.ipynb #a6367543
+# %% ../nbs/06_model.ipynb #c044c442
 class SurprisalCache:
     "$b_{\\theta,t}$ for every example of a dataset, in response coordinates."
     def __init__(self, reference: FrozenReference, vocab: Vocab, examples: list[Example], batch_size: int = 512,
@@ -205,7 +205,7 @@ class SurprisalCache:
         "$b_\\theta(x,y)$ for every cached example (observed $y$)."
         return self.values.sum(-1) / self.lengths
 
-# %% ../nbs/06_model.ipynb #15facb4b
+# %% ../nbs/06_model.ipynb #b8552203
 @torch.no_grad()
 def sample_responses(model: nn.Module, vocab: Vocab, xs: list[tuple[int, ...]], max_len: int = 24, seed: int = 0,
                      codes: list[str] | None = None, device: str | torch.device = "cpu", temperature: float = 1.0):
@@ -216,7 +216,7 @@ def sample_responses(model: nn.Module, vocab: Vocab, xs: list[tuple[int, ...]], 
     groups = {}
     for i, x in enumerate(xs): groups.setdefault((len(x), None if codes is None else codes[i]), []).append(i)
     for (n, code), idx in sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-        prefix = [layout_tokens(Example(xs[i], (), -1), code)[:-3] for i in idx]  # drop '</y> <eos>': ends at <y>
+        prefix = [layout_tokens(Example(xs[i], (), -1), code)[:-2] for i in idx]  # drop '</y> <eos>': ends at <y>
         ids = torch.tensor([vocab.encode(p) for p in prefix], device=device)
         done = torch.zeros(len(idx), dtype=torch.bool, device=device)
         toks, nlls = [], []
@@ -235,7 +235,7 @@ def sample_responses(model: nn.Module, vocab: Vocab, xs: list[tuple[int, ...]], 
             responses[i], surprisals[i] = vocab.decode(row[:stop]), nlls[r, :stop + 1].tolist()  # b includes </y>
     return responses, surprisals, truncated
 
-# %% ../nbs/06_model.ipynb #b8552203
+# %% ../nbs/06_model.ipynb #d3c005af
 def estimate_model_reference_scale(model: nn.Module, vocab: Vocab, examples: list[Example], n: int = 2000, seed: int = 0,
                                    device: str | torch.device = "cpu") -> tuple[ReferenceScale, int]:
     "$\\widehat c_\\theta$ by its definition ($x$ from the data, $y\\sim p_\\theta(\\cdot|x)$) with its standard error; also returns n_truncated."

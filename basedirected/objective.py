@@ -44,15 +44,21 @@ class ReconstructionLossConfig:
     lambda_tok: float = 0.0      # R_tok, raw surprisal-share weights
     lambda_tok_cc: float = 0.0   # R^_tok, normalized concentration-corrected
     lambda_inv_tok: float = 0.0  # inverse-surprisal ablation (normalized, corrected)
+    lambda_topk: float = 0.0     # top-k% surprisal selection (selective LM), no correction
+    lambda_mean1: float = 0.0    # mean-one surprisal weights mixed with uniform, no correction
     alpha: float = 0.5           # paper alpha: uniform vs corrected mix of the logged `theta` term
     gamma: float = 1.0           # paper gamma: concentration exponent of every token weight
     token_reduction: str = "mean"  # 'mean' or 'sum' for R_std
+    topk_fraction: float = 0.2     # share of response tokens kept by `topk`
+    mean_one_lambda: float = 0.5   # interpolation of `mean1` (1 = pure mean-one surprisal weights)
 
     def __post_init__(self):
         for name, value in self.lambdas().items(): check_nonnegative(value, name)
         if sum(self.lambdas().values()) == 0: raise ValueError("at least one reconstruction weight lambda_* must be > 0")
         check_unit_interval(self.alpha, "alpha"); check_nonnegative(self.gamma, "gamma")
         if self.token_reduction not in ("mean", "sum"): raise ValueError(f"token_reduction must be 'mean' or 'sum', got {self.token_reduction!r}")
+        check_unit_interval(self.topk_fraction, "topk_fraction"); check_unit_interval(self.mean_one_lambda, "mean_one_lambda")
+        if self.topk_fraction == 0: raise ValueError("topk_fraction must be > 0")
 
     def lambdas(self) -> dict[str, float]:
         "The $\\lambda$ weight of each reconstruction term, keyed `lambda_<term>`."
@@ -94,14 +100,23 @@ def _base_directed(cls, alpha: float = 0.5, gamma: float = 1.0, **kw):
 def _inverse_ablation(cls, gamma: float = 1.0, **kw):
     "The inverse-surprisal ablation (normalized, baseline-scale corrected)."
     return cls(lambda_inv_tok=1.0, gamma=gamma, **kw)
+@classmethod
+def _top_surprisal(cls, fraction: float = 0.2, **kw):
+    "Top-k% highest-surprisal token selection (selective LM), uncorrected."
+    return cls(lambda_topk=1.0, topk_fraction=fraction, **kw)
+@classmethod
+def _mean_one(cls, lam: float = 0.5, **kw):
+    "Mean-one normalized surprisal weights interpolated with uniform by lambda, uncorrected."
+    return cls(lambda_mean1=1.0, mean_one_lambda=lam, **kw)
 
 for _name, _fn in dict(celbo=_celbo, dist=_dist, example_inverse=_example_inverse, token_weighted=_token_weighted,
                        concentration_corrected=_concentration_corrected, base_directed=_base_directed,
-                       inverse_ablation=_inverse_ablation).items():
+                       inverse_ablation=_inverse_ablation, top_surprisal=_top_surprisal, mean_one=_mean_one).items():
     setattr(ReconstructionLossConfig, _name, _fn)
 
 # %% ../nbs/04_objective.ipynb #19f1945a
-OBJECTIVE_PRESETS = ("celbo", "dist", "example_inverse", "token_weighted", "concentration_corrected", "base_directed", "inverse_ablation")
+OBJECTIVE_PRESETS = ("celbo", "dist", "example_inverse", "token_weighted", "concentration_corrected", "base_directed",
+                     "inverse_ablation", "top_surprisal", "mean_one")
 
 # %% ../nbs/04_objective.ipynb #356fea5e
 def objective(nll: torch.Tensor, base_nll: torch.Tensor, mask: torch.Tensor, c_ref: float, kl: torch.Tensor,
@@ -111,7 +126,8 @@ def objective(nll: torch.Tensor, base_nll: torch.Tensor, mask: torch.Tensor, c_r
     if kl.dim() != 1 or kl.shape[0] != nll.shape[0]: raise ValueError(f"kl must have shape ({nll.shape[0]},), got {tuple(kl.shape)}")
     if not bool(torch.isfinite(kl.detach()).all()): raise ValueError("kl has NaN or inf")
     terms = reconstruction_terms(nll, base_nll, mask, c_ref, alpha=config.alpha, gamma=config.gamma,
-                                 token_reduction=config.token_reduction)
+                                 token_reduction=config.token_reduction, topk_fraction=config.topk_fraction,
+                                 mean_one_lambda=config.mean_one_lambda)
     recon = config.combine(terms)
     kl_loss = (kl if kl_for_loss is None else kl_for_loss).mean()
     return {**terms, "kl": kl.mean(), "recon": recon, "loss": recon + beta * kl_loss}
@@ -135,7 +151,7 @@ ORIGINAL_FLAG_ALIASES: dict[str, tuple[str, str]] = {
     "--ablation-inv-surp-token-weight": ("lambda_inv_tok", "short alias of the previous flag"),
 }
 
-# %% ../nbs/04_objective.ipynb #f879653a
+# %% ../nbs/04_objective.ipynb #b9ae7268
 def demo_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     "A small hand-made batch `(nll, base_nll, mask)`: one high-surprisal token per example, ragged lengths."
     base_nll = torch.tensor([[0.05, 2.30, 0.10, 0.05, 0.0], [0.20, 0.10, 0.10, 1.60, 0.0], [0.10, 0.05, 1.10, 0.00, 0.0]])

@@ -47,6 +47,8 @@ TERM_SPECS: dict[str, TermSpec] = {
     "tok_cc": TermSpec("share", "inverse_kappa", True, "R^_tok (concentration-corrected)"),
     "inv_tok": TermSpec("inverse_share", "inverse_inverse_kappa", True, "inverse-surprisal ablation"),
     "theta": TermSpec("final", None, True, "R_theta"),
+    "topk": TermSpec("top_surprisal", None, False, "top-k% surprisal selection (selective LM)"),
+    "mean1": TermSpec("mean_one", None, False, "mean-one surprisal weights mixed with uniform"),
 }
 TERM_NAMES = tuple(TERM_SPECS)
 
@@ -67,13 +69,15 @@ def resolve_term(spec: TermSpec, weights: ReferenceWeights, c_ref: float, ex_flo
 def reconstruction_terms(nll: torch.Tensor, base_nll: torch.Tensor, mask: torch.Tensor, c_ref: float,
                          alpha: float = 0.5, gamma: float = 1.0, token_reduction: str = "mean",
                          ex_floor: float = 1e-6, inverse_floor: float = INVERSE_SURPRISAL_FLOOR,
+                         topk_fraction: float = 0.2, mean_one_lambda: float = 0.5,
                          weights: ReferenceWeights | None = None) -> dict[str, torch.Tensor]:
     "Every reconstruction term of notes 000/001/003 as scalar tensors, plus weight statistics."
     c_ref = check_positive(c_ref, "c_ref")
     if token_reduction not in ("mean", "sum"): raise ValueError(f"token_reduction must be 'mean' or 'sum', got {token_reduction!r}")
     ex_floor = check_positive(ex_floor, "ex_floor")
     mask = check_batch(mask, nll=nll, base_nll=base_nll)
-    if weights is None: weights = reference_weights(base_nll, mask, alpha=alpha, gamma=gamma, inverse_floor=inverse_floor)
+    if weights is None: weights = reference_weights(base_nll, mask, alpha=alpha, gamma=gamma, inverse_floor=inverse_floor,
+                                                    topk_fraction=topk_fraction, mean_one_lambda=mean_one_lambda)
     elif weights.mask.shape != mask.shape or not torch.equal(weights.mask, mask): raise ValueError("weights were computed for a different mask")
     out = {}
     for name, spec in TERM_SPECS.items():

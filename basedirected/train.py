@@ -292,7 +292,7 @@ def run(run_dir: Path, config: RunConfig, device: str = "auto", progress: bool =
         atomic_write_json(run_dir / "eval.json", {"c_ref": scale.to_dict(), **final})
     return final
 
-# %% ../nbs/08_train.ipynb #e63d410a
+# %% ../nbs/08_train.ipynb #339b4e6d
 def build_parser() -> argparse.ArgumentParser:
     "The `basedirected-train` argument parser."
     p = argparse.ArgumentParser(prog="basedirected-train", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -330,7 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     for term, flags in {"std": ["--lambda-std"], "dist": ["--lambda-dist"], "ex": ["--lambda-ex", "--example-inverse-surprisal-reconstruction-weight"],
                         "tok": ["--lambda-tok", "--token-weighted-reconstruction-weight"],
                         "tok_cc": ["--lambda-tok-cc", "--normalized-concentration-corrected-token-weighted-reconstruction-weight"],
-                        "inv_tok": ["--lambda-inv-tok", "--normalized-inverse-surprisal-token-weighted-reconstruction-weight", "--ablation-inv-surp-token-weight"]}.items():
+                        "inv_tok": ["--lambda-inv-tok", "--normalized-inverse-surprisal-token-weighted-reconstruction-weight", "--ablation-inv-surp-token-weight"],
+                        "topk": ["--lambda-topk"], "mean1": ["--lambda-mean1"]}.items():
         o.add_argument(*flags, dest=f"lambda_{term}", type=float, default=None, help=f"override the preset's weight of the {term} term")
     o.add_argument("--normalize-reconstruction-loss", action="store_true",
                    help="original flag: move the uniform reconstruction weight from R_std to R_dist (divide by c_theta)")
@@ -344,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-every", type=int, default=100); t.add_argument("--checkpoint-every", type=int, default=100)
     return p
 
-# %% ../nbs/08_train.ipynb #339b4e6d
+# %% ../nbs/08_train.ipynb #4e72f63a
 def config_from_args(a: argparse.Namespace) -> RunConfig:
     "Validate the parsed options and build the `RunConfig`; `ValueError` names the offending option."
     def positive_int(name):
@@ -364,7 +365,8 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     kw = dict(alpha=a.alpha, gamma=a.gamma) if a.objective == "base_directed" else dict(gamma=a.gamma) if a.objective in (
         "token_weighted", "concentration_corrected", "inverse_ablation") else {}
     loss = preset(**kw)
-    overrides = {f"lambda_{k}": getattr(a, f"lambda_{k}") for k in ("std", "dist", "ex", "tok", "tok_cc", "inv_tok") if getattr(a, f"lambda_{k}") is not None}
+    overrides = {f"lambda_{k}": getattr(a, f"lambda_{k}") for k in ("std", "dist", "ex", "tok", "tok_cc", "inv_tok", "topk", "mean1")
+                 if getattr(a, f"lambda_{k}") is not None}
     for flag, value in overrides.items(): check_nonnegative(value, "--" + flag.replace("_", "-"))
     loss = dataclasses.replace(loss, alpha=a.alpha, gamma=a.gamma, **overrides)
     if a.normalize_reconstruction_loss:
@@ -380,7 +382,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
                           beta=BetaSchedule(a.beta_schedule, a.beta, warmup_steps=a.beta_warmup_steps, zero_steps=a.beta_zero_steps, period=a.beta_period)),
         c_source=a.c_source, c_samples=a.c_samples)
 
-# %% ../nbs/08_train.ipynb #4e72f63a
+# %% ../nbs/08_train.ipynb #56113e25
 def train_main(argv: list[str] | None = None) -> int:
     "Console entry point `basedirected-train`."
     parser = build_parser()

@@ -50,6 +50,8 @@ class ReferenceWeights:
     inverse_share: torch.Tensor  # (B, T) v~_t, rows sum to 1
     inverse_kappa: torch.Tensor  # (B,)   ablation's concentration factor, <= 1
     inverse: torch.Tensor    # (B, T) v_t = v~_t / inverse_kappa
+    top_surprisal: torch.Tensor  # (B, T) 1/k on the top-k% surprisal tokens (selective LM), rows sum to 1
+    mean_one: torch.Tensor   # (B, T) (lambda b_t / b_theta + 1 - lambda) / T_y, rows sum to 1
     alpha: float
     gamma: float
 
@@ -58,11 +60,27 @@ def _kappa(share: torch.Tensor, b: torch.Tensor, bbar: torch.Tensor) -> torch.Te
     safe = torch.where(bbar > 0, bbar, torch.ones_like(bbar))
     return torch.where(bbar > 0, (share * b).sum(-1) / safe, torch.ones_like(bbar))
 
+def _top_surprisal(b: torch.Tensor, mask: torch.Tensor, fraction: float) -> torch.Tensor:
+    "Uniform weight on the $\\lceil f\\,T_y\\rceil$ highest-surprisal tokens of each row (ties: earlier position first)."
+    k = torch.clamp(torch.ceil(fraction * mask.sum(-1)), min=1)
+    keyed = torch.where(mask, b, torch.full_like(b, -1.0))  # b >= 0, so padding sorts last
+    rank = torch.argsort(torch.argsort(-keyed, dim=-1, stable=True), dim=-1)
+    chosen = (rank < k[:, None]) & mask
+    return chosen.to(b.dtype) / k[:, None].to(b.dtype)
+
+def _mean_one(b: torch.Tensor, bbar: torch.Tensor, u: torch.Tensor, lam: float) -> torch.Tensor:
+    "$\\pi_t = (\\lambda\\, b_t/b_\\theta + 1 - \\lambda)/T_y$: mean-one surprisal weights mixed with uniform."
+    ratio = torch.where(bbar[:, None] > 0, b / torch.where(bbar > 0, bbar, torch.ones_like(bbar))[:, None], torch.ones_like(b))
+    return (lam * ratio + (1 - lam)) * u
+
 # %% ../nbs/02_weights.ipynb #115c66cf
 def reference_weights(base_nll: torch.Tensor, mask: torch.Tensor, alpha: float = 0.5, gamma: float = 1.0,
-                      inverse_floor: float = INVERSE_SURPRISAL_FLOOR) -> ReferenceWeights:
-    "All token weights of note 000 (and the inverse ablation of note 001) for one batch."
+                      inverse_floor: float = INVERSE_SURPRISAL_FLOOR, topk_fraction: float = 0.2,
+                      mean_one_lambda: float = 0.5) -> ReferenceWeights:
+    "All token weights of note 000 (and the inverse ablation of note 001, and two published policies) for one batch."
     alpha, gamma = check_unit_interval(alpha, "alpha"), check_nonnegative(gamma, "gamma")
+    topk_fraction, mean_one_lambda = check_unit_interval(topk_fraction, "topk_fraction"), check_unit_interval(mean_one_lambda, "mean_one_lambda")
+    if topk_fraction == 0: raise ValueError("topk_fraction must be > 0")
     inverse_floor = check_nonnegative(inverse_floor, "inverse_floor")
     if inverse_floor == 0 and gamma > 0: raise ValueError("inverse_floor must be > 0 when gamma > 0 (b^-gamma is infinite at b = 0)")
     b, mask = prepare_surprisal(base_nll, mask)
@@ -76,7 +94,9 @@ def reference_weights(base_nll: torch.Tensor, mask: torch.Tensor, alpha: float =
         inv_share = _share(torch.log(b.clamp_min(inverse_floor)), mask, -gamma)
         inv_kappa = _kappa(inv_share, b, bbar)
         inverse = inv_share / inv_kappa[:, None]
-    return ReferenceWeights(mask, b, bbar, u, share, kappa, corrected, final, inv_share, inv_kappa, inverse, alpha, gamma)
+        top = _top_surprisal(b, mask, topk_fraction)
+        mean_one = _mean_one(b, bbar, u, mean_one_lambda)
+    return ReferenceWeights(mask, b, bbar, u, share, kappa, corrected, final, inv_share, inv_kappa, inverse, top, mean_one, alpha, gamma)
 
 # %% ../nbs/02_weights.ipynb #cad22139
 def surprisal_share_weights(base_nll: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:

@@ -32,9 +32,9 @@ def inverse_weights_loop(b, gamma, floor):
     return v_tilde, kappa, [v / kappa for v in v_tilde]
 
 
-def terms_loop(nll_rows, base_rows, c_ref, alpha, gamma, ex_floor=1e-6, inverse_floor=1e-3):
+def terms_loop(nll_rows, base_rows, c_ref, alpha, gamma, ex_floor=1e-6, inverse_floor=1e-3, topk_fraction=0.2, mean_one_lambda=0.5):
     "Every reconstruction term, batch mean over examples; rows are lists of supervised values only."
-    acc = {k: 0.0 for k in ("std", "dist", "ex", "tok", "tok_cc", "inv_tok", "theta")}
+    acc = {k: 0.0 for k in ("std", "dist", "ex", "tok", "tok_cc", "inv_tok", "theta", "topk", "mean1")}
     for l, b in zip(nll_rows, base_rows):
         T = len(l)
         lbar, bbar = sum(l) / T, sum(b) / T
@@ -47,6 +47,11 @@ def terms_loop(nll_rows, base_rows, c_ref, alpha, gamma, ex_floor=1e-6, inverse_
         acc["tok_cc"] += sum(x * y for x, y in zip(w_tilde, l)) / kappa / c_ref
         acc["inv_tok"] += sum(x * y for x, y in zip(v, l)) / c_ref
         acc["theta"] += sum(x * y for x, y in zip(a, l)) / c_ref
+        k = max(1, math.ceil(topk_fraction * T))
+        order = sorted(range(T), key=lambda t: (-b[t], t))[:k]  # highest surprisal first, earlier position on ties
+        acc["topk"] += sum(l[t] for t in order) / k
+        ratio = [x / bbar if bbar > 0 else 1.0 for x in b]
+        acc["mean1"] += sum((mean_one_lambda * r + 1 - mean_one_lambda) / T * y for r, y in zip(ratio, l))
     return {k: v / len(nll_rows) for k, v in acc.items()}
 
 

@@ -85,3 +85,9 @@ def test_readme_and_index_show_the_same_commands():
     text = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
     for cmd in _readme_commands():
         assert cmd in text, f"nbs/index.ipynb lacks the README command: {cmd}"
+
+
+def test_quarto_sidebar_lists_every_published_notebook_in_order():
+    from basedirected.docsite import page_order
+    listed = [l.strip()[2:] for l in (ROOT / "nbs" / "sidebar.yml").read_text().splitlines() if l.strip().startswith("- ")]
+    assert listed == [p.name for p in page_order(ROOT / "nbs")]

@@ -1,0 +1,117 @@
+"""The documentation site, built from the notebooks and checked in headless Chromium as a reader would see it."""
+import functools
+import http.server
+import os
+import re
+import shutil
+import threading
+from pathlib import Path
+from urllib.parse import urljoin, urlparse
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
+                                reason="no headless browser: install Debian's chromium and chromium-driver to run the docs test")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    from basedirected.docsite import build_docs
+    out = tmp_path_factory.mktemp("site")
+    pages = build_docs(ROOT / "nbs", out, mathjax="local", execute=True, jobs=2)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(out))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield out, pages, f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def _load(driver, url):
+    from selenium.webdriver.support.ui import WebDriverWait
+    driver.get(url)
+    # MathJax 2 sets its queue; wait until typesetting has finished (pages without math finish at once)
+    WebDriverWait(driver, 60).until(lambda d: d.execute_script(
+        "return document.readyState === 'complete' && (!window.MathJax || !MathJax.Hub || "
+        "(MathJax.Hub.queue.pending === 0 && MathJax.Hub.queue.running === 0 && !!window.__bd_done));") or
+        driver.execute_script("if (window.MathJax && MathJax.Hub && !window.__bd_q) { window.__bd_q = 1; "
+                              "MathJax.Hub.Queue(function () { window.__bd_done = true; }); } return false;"))
+
+
+def test_every_page_renders_cleanly(site, browser):
+    out, pages, base = site
+    assert [p.name for p in pages][:3] == ["index.html", "00_conventions.html", "01_surprisal.html"]
+    problems = []
+    for page in pages:
+        url = urljoin(base, page.name)
+        _load(browser, url)
+        errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        if errors: problems.append(f"{page.name}: console errors {errors}")
+        text = browser.execute_script("return document.getElementById('bd-main').innerText")
+        raw = re.findall(r"\$\$[^$]+\$\$|(?<![\w$])\$[^$\s][^$\n]*?\$(?![\w$])", text)
+        if raw: problems.append(f"{page.name}: untypeset math {raw[:3]}")
+        bad_images = browser.execute_script(
+            "return Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0 && i.naturalHeight > 0)).map(i => i.src.slice(0, 80));")
+        if bad_images: problems.append(f"{page.name}: images not loaded {bad_images}")
+        for href in browser.execute_script("return Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href'));"):
+            target = urlparse(href)
+            if target.scheme or href.startswith("#") or href.startswith("mailto:"): continue
+            path = (out / page.parent.relative_to(out) / target.path) if target.path else page
+            if not path.exists(): problems.append(f"{page.name}: broken link {href}")
+    assert not problems, "\n".join(problems)
+
+
+def test_math_is_typeset_on_the_derivation_pages(site, browser):
+    out, _, base = site
+    for name in ("02_weights.html", "03_reconstruction.html"):
+        _load(browser, urljoin(base, name))
+        n = browser.execute_script("return document.querySelectorAll('.MathJax, .MathJax_Display, mjx-container').length;")
+        assert n > 20, f"{name}: only {n} typeset formulas"
+
+
+def test_api_reference_lists_every_public_function(site, browser):
+    import basedirected.reconstruction as reconstruction
+    import basedirected.weights as weights
+    out, _, base = site
+    for module, page in ((weights, "02_weights.html"), (reconstruction, "03_reconstruction.html")):
+        _load(browser, urljoin(base, page))
+        headings = set(browser.execute_script(
+            "return Array.from(document.querySelectorAll('h2, h3, h4')).map(h => h.innerText.trim());"))
+        public = [n for n in module.__all__ if callable(getattr(module, n))]
+        missing = [n for n in public if not any(h.startswith(n) for h in headings)]
+        assert not missing, f"{page}: no API entry for {missing}"
+
+
+def test_results_page_shows_the_experiment_figures(site, browser):
+    out, _, base = site
+    _load(browser, urljoin(base, "11_results.html"))
+    sizes = browser.execute_script("return Array.from(document.images).map(i => [i.naturalWidth, i.naturalHeight]);")
+    assert len(sizes) >= 3 and all(w > 100 and h > 100 for w, h in sizes)
+
+
+def test_screenshot_of_the_objective_page(site, browser, tmp_path):
+    out, _, base = site
+    _load(browser, urljoin(base, "03_reconstruction.html"))
+    target = Path(os.environ.get("BASEDIRECTED_SCREENSHOT", tmp_path / "reconstruction.png"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(target))
+    assert target.stat().st_size > 20_000
