@@ -12,15 +12,17 @@ import json
 import os
 import re
 import shutil
+import subprocess
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 CDN_MATHJAX = "https://cdnjs.cloudflare.com/ajax/libs/mathjax/2.7.7/MathJax.js?config=TeX-AMS_CHTML-full,Safe"
 LOCAL_MATHJAX = "mathjax/MathJax.js?config=TeX-AMS_CHTML-full,Safe"
+MATHJAX_VERSION = "2.7.9"  # the MathJax major version nbconvert's templates configure
 
 # %% auto #0
-__all__ = ['CDN_MATHJAX', 'LOCAL_MATHJAX', 'page_order', 'page_title', 'execute_notebook', 'executed', 'process_notebook',
-           'notebook_html', 'build_docs', 'docs_main']
+__all__ = ['CDN_MATHJAX', 'LOCAL_MATHJAX', 'MATHJAX_VERSION', 'page_order', 'page_title', 'execute_notebook', 'executed',
+           'process_notebook', 'notebook_html', 'local_mathjax', 'build_docs', 'docs_main']
 
 # %% ../nbs/12_docs.ipynb #8f4120f1
 def page_order(nbs: Path) -> list[Path]:
@@ -43,10 +45,12 @@ def _package_hash(lib: Path) -> str:
     for p in sorted(Path(lib).glob("*.py")): h.update(p.read_bytes())
     return h.hexdigest()
 
-def execute_notebook(src: Path, dst: Path, timeout: int = 900) -> None:
+def execute_notebook(src: Path, dst: Path, timeout: int = 900, threads: int | None = None) -> None:
     "Execute `src` with its own directory as working directory and write the executed notebook to `dst`."
     import nbformat
     from nbclient import NotebookClient
+    if threads:  # the kernel inherits this: parallel kernels must not oversubscribe the cores (OpenMP spin-waits)
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"): os.environ[var] = str(threads)
     nb = nbformat.read(src, as_version=4)
     NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(Path(src).parent)}}).execute()
     tmp = Path(dst).with_suffix(".tmp")
@@ -63,8 +67,10 @@ def executed(pages: list[Path], lib: Path, cache: Path, jobs: int = 2) -> dict[P
         out[p] = dst
         if not dst.exists(): todo.append((p, dst))
     if todo:
-        with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for f in [pool.submit(execute_notebook, s, d) for s, d in todo]: f.result()
+        threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
+        ctx = __import__("multiprocessing").get_context("spawn")
+        with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx) as pool:
+            for f in [pool.submit(execute_notebook, s, d, 900, threads) for s, d in todo]: f.result()
     return out
 
 # %% ../nbs/12_docs.ipynb #58bd4a80
@@ -94,11 +100,32 @@ def notebook_html(nb, mathjax_url: str) -> str:
     from nbconvert import HTMLExporter
     from execnb.nbio import nb2str
     node = nbformat.reads(nb2str(nb), as_version=4)
+    node.metadata.pop("widgets", None)  # nbdev records (empty) widget state; it would pull a remote widget manager
     node.nbformat_minor = max(node.nbformat_minor, 5)
-    for i, c in enumerate(node.cells): c.setdefault("id", f"cell-{i}")  # processors add cells without ids
-    exporter = HTMLExporter(template_name="lab", mathjax_url=mathjax_url)
+    cells = []
+    for i, c in enumerate(node.cells):
+        c.setdefault("id", f"cell-{i}")  # processors add cells without ids
+        if c.cell_type == "raw" and c.source.startswith("---"):  # Quarto front matter -> title and subtitle
+            import yaml
+            fm = yaml.safe_load(c.source.strip().strip("-")) or {}
+            c = nbformat.v4.new_markdown_cell(f"# {fm.get('title', '')}\n\n> {fm.get('description', '')}", id=c.id)
+        if c.cell_type == "code":
+            if re.search(r"^#\|\s*echo:\s*false", c.source, flags=re.M): c.metadata.setdefault("tags", []).append("remove_input")
+            c.source = re.sub(r"^#\|.*\n?", "", c.source, flags=re.M)  # Quarto directives are not for readers
+            for o in c.get("outputs", []):
+                md = o.get("data", {}).get("text/markdown")
+                if md: o["data"]["text/markdown"] = re.sub(r"\)\{target=[^}]*\}", ")", "".join(md))  # Quarto link attributes
+        cells.append(c)
+    node.cells = cells
+    from traitlets.config import Config
+    cfg = Config({"TagRemovePreprocessor": {"enabled": True, "remove_input_tags": ["remove_input"]}})
+    exporter = HTMLExporter(template_name="lab", mathjax_url=mathjax_url, exclude_input_prompt=True, exclude_output_prompt=True, config=cfg)
     body, _ = exporter.from_notebook_node(node)
-    return body
+    if not mathjax_url.startswith("http"):
+        # offline pages: drop the template's remote scripts (require.js); no page here uses them
+        body = re.sub(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>', "", body)
+    body = re.sub(r'href="([^":#]+)\.ipynb(#[^"]*)?"', lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body)  # pages link pages
+    return body.replace("<head>", '<head><link rel="icon" href="data:,">', 1)
 
 def _decorate(body: str, title: str, nav: list[tuple[str, str]], current: str) -> str:
     links = "".join(f'<a href="{h}" class="{"current" if h == current else ""}">{html.escape(t)}</a>' for h, t in nav)
@@ -111,6 +138,20 @@ def _decorate(body: str, title: str, nav: list[tuple[str, str]], current: str) -
     return body.replace("</body>", f'<div class="bd-pager">{prev}{nxt}</div></main></body>', 1)
 
 # %% ../nbs/12_docs.ipynb #bf664dba
+def local_mathjax(root: Path) -> Path:
+    "Directory of a full MathJax 2 distribution, installing the npm package into `root/_proc/npm` if none is found."
+    env = os.environ.get("BASEDIRECTED_MATHJAX")
+    npm_dir = Path(root) / "_proc" / "npm"
+    for c in ([Path(env)] if env else []) + [Path(root) / "node_modules" / "mathjax", npm_dir / "node_modules" / "mathjax"]:
+        if (c / "MathJax.js").exists() and (c / "fonts" / "HTML-CSS" / "TeX" / "woff").exists(): return c
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError("a local MathJax is needed: install Node.js/npm, point BASEDIRECTED_MATHJAX at a MathJax 2 directory, or use --mathjax cdn")
+    subprocess.run([npm, "install", "--no-save", "--no-audit", "--no-fund", "--prefix", str(npm_dir), f"mathjax@{MATHJAX_VERSION}"],
+                   check=True, capture_output=True)
+    return npm_dir / "node_modules" / "mathjax"
+
+# %% ../nbs/12_docs.ipynb #effa3101
 def build_docs(nbs: Path = Path("nbs"), out: Path = Path("docs"), mathjax: str = "local", execute: bool = True, jobs: int = 2,
                cache: Path | None = None) -> list[Path]:
     "Build the HTML site of `nbs` into `out`; returns the pages written."
@@ -121,10 +162,9 @@ def build_docs(nbs: Path = Path("nbs"), out: Path = Path("docs"), mathjax: str =
     pages = page_order(nbs)
     sources = executed(pages, root / "basedirected", cache, jobs) if execute else {p: p for p in pages}
     out.mkdir(parents=True, exist_ok=True)
-    if mathjax == "local":
-        import jupyter_server_mathjax
-        src = Path(jupyter_server_mathjax.__file__).parent / "static"
-        if not (out / "mathjax" / "MathJax.js").exists(): shutil.copytree(src, out / "mathjax", dirs_exist_ok=True)
+    if mathjax == "local" and not (out / "mathjax" / "MathJax.js").exists():
+        shutil.copytree(local_mathjax(root), out / "mathjax", dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("unpacked", "test", "*.md", "eot", "svg", "package.json"))
     url = LOCAL_MATHJAX if mathjax == "local" else CDN_MATHJAX
     cwd = os.getcwd()
     os.chdir(root)  # nbdev's processors read settings.ini from the working directory
@@ -139,7 +179,7 @@ def build_docs(nbs: Path = Path("nbs"), out: Path = Path("docs"), mathjax: str =
         written.append(out / f"{p.stem}.html")
     return written
 
-# %% ../nbs/12_docs.ipynb #244d966b
+# %% ../nbs/12_docs.ipynb #46d2bece
 def docs_main(argv: list[str] | None = None) -> int:
     "Console entry point `basedirected-docs`."
     p = argparse.ArgumentParser(prog="basedirected-docs", description="Build the documentation site from nbs/ into docs/ (no Quarto needed).")

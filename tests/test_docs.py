@@ -66,7 +66,9 @@ def test_every_page_renders_cleanly(site, browser):
         _load(browser, url)
         errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
         if errors: problems.append(f"{page.name}: console errors {errors}")
-        text = browser.execute_script("return document.getElementById('bd-main').innerText")
+        # prose only (rendered Markdown cells and outputs): code may legitimately contain dollar signs
+        text = browser.execute_script(
+            "return Array.from(document.querySelectorAll('.jp-RenderedMarkdown')).map(e => e.innerText).join('\\n');")
         raw = re.findall(r"\$\$[^$]+\$\$|(?<![\w$])\$[^$\s][^$\n]*?\$(?![\w$])", text)
         if raw: problems.append(f"{page.name}: untypeset math {raw[:3]}")
         bad_images = browser.execute_script(
@@ -84,7 +86,7 @@ def test_math_is_typeset_on_the_derivation_pages(site, browser):
     out, _, base = site
     for name in ("02_weights.html", "03_reconstruction.html"):
         _load(browser, urljoin(base, name))
-        n = browser.execute_script("return document.querySelectorAll('.MathJax, .MathJax_Display, mjx-container').length;")
+        n = browser.execute_script("return document.querySelectorAll('.mjx-chtml, .MathJax, mjx-container').length;")
         assert n > 20, f"{name}: only {n} typeset formulas"
 
 
