@@ -9,8 +9,6 @@ import math
 import random
 from dataclasses import asdict, dataclass, field
 
-import torch
-
 # %% auto #0
 __all__ = ['STRATEGIES', 'REGIMES', 'SPECIALS', 'answer', 'TraceConfig', 'Vocab', 'Example', 'render_trace', 'strategy_prior',
            'generate', 'make_splits', 'TraceCheck', 'check_trace', 'ideal_surprisal']

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import json
 import math
 import os
 import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -305,7 +304,7 @@ def figure_gain_per_position(out: Path):
         T = min(len(r["gain_per_position"]) for r in rs)
         ax.plot(range(1, T + 1), [sum(r["gain_per_position"][t] for r in rs) / len(rs) for t in range(T)], "o-", label=lab)
     ax.axhline(0, color="k", lw=0.5); ax.set_xlabel("response position t"); ax.set_ylabel("b_t − ℓ_t  [nats]")
-    ax.set_title(f"Where z helps (smallest β, mean over seeds)"); ax.legend(fontsize=8, frameon=False)
+    ax.set_title("Where z helps (smallest β, mean over seeds)"); ax.legend(fontsize=8, frameon=False)
     fig.tight_layout(); _save(fig, out, "gain-per-position")
     return fig
 

@@ -6,14 +6,13 @@
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .data import Example, TraceConfig, Vocab
+from .data import Example, Vocab
 from .surprisal import ReferenceScale, estimate_reference_scale, token_surprisal
 
 # %% auto #0

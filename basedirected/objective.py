@@ -5,8 +5,7 @@
 # %% ../nbs/04_objective.ipynb #25d023a1
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 

@@ -8,13 +8,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import platform
 import subprocess
-import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -25,7 +23,7 @@ from .cvae import CVAEConfig, CVAEOutput, build_cvae
 from .data import REGIMES, Example, TraceConfig, Vocab, make_splits
 from .model import (BaseTrainConfig, FrozenReference, ModelConfig, SurprisalCache, TinyCausalLM, batch_indices,
                                 collate, estimate_model_reference_scale, pretrain_base)
-from .objective import OBJECTIVE_PRESETS, ORIGINAL_FLAG_ALIASES, ReconstructionLossConfig, objective
+from .objective import OBJECTIVE_PRESETS, ReconstructionLossConfig, objective
 from .surprisal import ReferenceScale, estimate_reference_scale
 
 # %% auto #0

@@ -1,6 +1,5 @@
 """Metrics on cases with known answers."""
 import math
-import warnings
 
 import pytest
 import torch
@@ -57,7 +56,6 @@ def test_continuous_information_active_units_and_probe():
 
 
 def test_negative_aggregate_information_warns():
-    g = torch.Generator().manual_seed(1)
     with pytest.warns(UserWarning, match="negative"):
         for seed in range(20):  # an unused latent: the estimate fluctuates around 0, sometimes below
             aggregate_posterior_information(torch.zeros(50, 2), torch.zeros(50, 2), seed=seed)

@@ -34,7 +34,7 @@ def small_setup():
 def test_resume_gives_the_same_final_metrics_as_an_uninterrupted_run(tmp_path, latent):
     cfg = tiny_config(latent)
     straight = run(tmp_path / "straight", cfg, device="cpu")
-    partial = run(tmp_path / "resumed", cfg, device="cpu", stop_after=4)  # "interrupted" after the step-4 checkpoint
+    run(tmp_path / "resumed", cfg, device="cpu", stop_after=4)  # "interrupted" after the step-4 checkpoint
     assert not (tmp_path / "resumed" / "eval.json").exists()
     resumed = run(tmp_path / "resumed", cfg, device="cpu")
     assert resumed == straight

@@ -3,7 +3,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
 
 from basedirected.weights import (concentration_factor, corrected_weights, inverse_surprisal_weights, reconstruction_weights,
                                   reference_weights, surprisal_share_weights, uniform_weights)
