@@ -17,7 +17,7 @@ from .objective import categorical_kl, gaussian_kl
 from .surprisal import token_surprisal
 
 # %% auto #0
-__all__ = ['CVAEConfig', 'CVAEOutput', 'pooled_hidden', 'DiscreteCVAE', 'ContinuousCVAE', 'build_cvae']
+__all__ = ['CVAEConfig', 'CVAEOutput', 'pooled_hidden', 'DiscreteCVAE', 'ContinuousCVAE', 'build_cvae', 'cvae_forward']
 
 # %% ../nbs/07_cvae.ipynb #c6dd7be7
 @dataclass(frozen=True)
@@ -136,3 +136,7 @@ class ContinuousCVAE(nn.Module):
 def build_cvae(base: TinyCausalLM, vocab: Vocab, config: CVAEConfig, seed: int = 0) -> nn.Module:
     "The CVAE named by `config.latent`, initialized from `base`."
     return (DiscreteCVAE if config.latent == "discrete" else ContinuousCVAE)(base, vocab, config, seed)
+
+def cvae_forward(model: nn.Module, examples: list[Example], generator: torch.Generator | None = None) -> CVAEOutput:
+    "One forward pass of either CVAE; `generator` seeds the continuous latent's noise (ignored for discrete $z$)."
+    return model(examples, generator) if isinstance(model, ContinuousCVAE) else model(examples)

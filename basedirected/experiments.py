@@ -24,7 +24,7 @@ from .metrics import evaluate_model
 from .model import BaseTrainConfig, FrozenReference, ModelConfig, SurprisalCache, TinyCausalLM
 from .objective import ReconstructionLossConfig
 from .train import (BetaSchedule, RunConfig, TrainConfig, atomic_write_json, environment_record, load_checkpoint,
-                                prepare_base, prepare_reference_scale, resolve_device, run)
+                                prepare_base, prepare_reference_scale, resolve_device, run, run_vocab)
 
 # %% auto #0
 __all__ = ['PRESETS', 'TABLE_METRICS', 'Objective', 'objectives', 'Preset', 'RunSpec', 'plan', 'base_dir', 'prepare_shared_base',
@@ -128,12 +128,10 @@ def prepare_shared_base(out: Path, spec: RunSpec, device: str = "auto") -> None:
     "Train (or reuse) the base model and $\\widehat c_\\theta$ shared by every run of `(spec.regime, spec.seed)`."
     d = base_dir(out, spec.regime, spec.seed); d.mkdir(parents=True, exist_ok=True)
     cfg, dev = spec.config, resolve_device(device)
-    vocab = _vocab(cfg)
+    vocab = run_vocab(cfg)
     train, _ = make_splits(cfg.data, cfg.n_train, cfg.n_eval, seed=cfg.seed)
     base = prepare_base(d, vocab, train, cfg, dev)
     prepare_reference_scale(d, base, vocab, train, FrozenReference(base), cfg, dev)
-
-def _vocab(cfg: RunConfig) -> Vocab: return Vocab(noise_alphabet=max(cfg.data.noise_alphabet, 8), n_latent=max(cfg.cvae.K, 8))
 
 def run_cell(out: Path, spec: RunSpec, device: str = "auto", force: bool = False, n_generate: int = 64, threads: int | None = None) -> dict:
     "Train and evaluate one cell; returns its metrics (read back from disk when the run already finished)."
@@ -148,7 +146,7 @@ def run_cell(out: Path, spec: RunSpec, device: str = "auto", force: bool = False
     t0 = time.perf_counter()
     final = run(d, spec.config, device=device)
     cfg, dev = spec.config, resolve_device(device)
-    vocab = _vocab(cfg)
+    vocab = run_vocab(cfg)
     _, held_out = make_splits(cfg.data, cfg.n_train, cfg.n_eval, seed=cfg.seed)
     base = TinyCausalLM(len(vocab), cfg.base.model); base.load_state_dict(load_checkpoint(d / "base.pt")["model"])
     model = build_cvae(base.to(dev), vocab, cfg.cvae, seed=cfg.seed).to(dev)
@@ -295,7 +293,7 @@ def figure_curves(out: Path, keys: list[str] | None = None):
     return fig
 
 def figure_gain_per_position(out: Path):
-    "Mean information gain $b_t - \\ell_t$ per response position, per objective (largest β of the sweep)."
+    "Mean information gain $b_t - \\ell_t$ per response position, per objective (smallest β of the sweep)."
     import matplotlib.pyplot as plt
     recs = [json.loads((d / "metrics.json").read_text()) for d in sorted((Path(out) / "runs").iterdir()) if (d / "metrics.json").exists()]
     fig, ax = plt.subplots(figsize=(6, 3.2))
@@ -317,7 +315,7 @@ def figure_weights(out: Path, regime: str = "early", seed: int = 0, alpha: float
     ck = load_checkpoint(d / "base.pt")
     data = TraceConfig(**{**ck["data"], "strategies": tuple(ck["data"]["strategies"])})
     model_cfg = ModelConfig(**ck["base_config"]["model"])
-    vocab = Vocab(noise_alphabet=max(data.noise_alphabet, 8))
+    vocab = Vocab(noise_alphabet=max(data.noise_alphabet, 8))  # run_vocab's ids for every preset (K <= 8)
     base = TinyCausalLM(len(vocab), model_cfg); base.load_state_dict(ck["model"])
     _, held_out = make_splits(data, 1000, n, seed=seed)
     b, mask = SurprisalCache(FrozenReference(base), vocab, held_out).lookup(torch.arange(n))

@@ -12,15 +12,15 @@ from collections import Counter
 import torch
 import torch.nn as nn
 
-from .cvae import ContinuousCVAE, DiscreteCVAE
+from .cvae import DiscreteCVAE, cvae_forward
 from .data import Example, TraceConfig, check_trace
 from .model import SurprisalCache, collate, gather_response, sample_responses
 from .surprisal import token_surprisal
 
 # %% auto #0
-__all__ = ['entropy', 'latent_information', 'strategy_information', 'code_perplexity', 'aggregate_posterior_information',
-           'active_units', 'linear_probe_accuracy', 'rate_distortion', 'information_gain', 'code_semantics',
-           'generation_metrics', 'marginal_nll', 'evaluate_model']
+__all__ = ['entropy', 'latent_information', 'strategy_information', 'code_perplexity', 'gaussian_log_density',
+           'aggregate_posterior_information', 'active_units', 'linear_probe_accuracy', 'rate_distortion',
+           'information_gain', 'code_semantics', 'generation_metrics', 'marginal_nll', 'evaluate_model']
 
 # %% ../nbs/09_metrics.ipynb #fca4da97
 def entropy(p: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -47,15 +47,17 @@ def code_perplexity(q: torch.Tensor) -> float:
     return math.exp(entropy(q.double().mean(0)).item())
 
 # %% ../nbs/09_metrics.ipynb #93144cb1
+def gaussian_log_density(z: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+    "$\\log\\mathcal N(z\\mid\\mu, \\mathrm{diag}\\,e^{\\text{logvar}})$ summed over the last dim (broadcasting)."
+    return (-0.5 * (math.log(2 * math.pi) + logvar + (z - mu) ** 2 / logvar.exp())).sum(-1)
+
 def aggregate_posterior_information(mu: torch.Tensor, logvar: torch.Tensor, seed: int = 0) -> float:
     "$\\widehat I(z;x,y)$ with the aggregate posterior over all `N` rows of `mu, logvar (N, D)`."
     g = torch.Generator().manual_seed(seed)
     mu, logvar = mu.double(), logvar.double()
     z = mu + (0.5 * logvar).exp() * torch.randn(mu.shape, generator=g, dtype=mu.dtype)
-    def log_density(z, m, lv):  # log N(z | m, exp(lv)) summed over D, broadcasting
-        return (-0.5 * (math.log(2 * math.pi) + lv + (z - m) ** 2 / lv.exp())).sum(-1)
-    log_q_own = log_density(z, mu, logvar)
-    log_q_all = log_density(z[:, None], mu[None], logvar[None])  # (N, N)
+    log_q_own = gaussian_log_density(z, mu, logvar)
+    log_q_all = gaussian_log_density(z[:, None], mu[None], logvar[None])  # (N, N)
     log_agg = torch.logsumexp(log_q_all, 1) - math.log(len(mu))
     mi = (log_q_own - log_agg).mean().item()
     if mi < 0: warnings.warn(f"aggregate-posterior MI estimate is negative ({mi:.4f}): z is unused or the sample is too small")
@@ -89,7 +91,7 @@ def rate_distortion(model: nn.Module, examples: list[Example], cache: SurprisalC
     for i in range(0, len(examples), batch_size):
         idx = torch.arange(i, min(i + batch_size, len(examples)))
         exs = [examples[j] for j in idx]
-        out = model(exs, torch.Generator().manual_seed(seed + i)) if isinstance(model, ContinuousCVAE) else model(exs)
+        out = cvae_forward(model, exs, torch.Generator().manual_seed(seed + i))
         b, mask = (t.to(out.nll.device) for t in cache.lookup(idx))
         n = mask.sum(-1)
         rows["rate"].append(out.kl.cpu()); rows["distortion"].append(((out.nll * mask).sum(-1) / n).cpu())
@@ -169,8 +171,7 @@ def marginal_nll(model: nn.Module, examples: list[Example], cache: SurprisalCach
             nll, m = gather_response(token_surprisal(logits, gen.ids), gen)
             h_z = h[torch.arange(len(examples)), gen.latent_position - 1]
             mu_r, lv_r = model.router_head(h_z).float().chunk(2, -1)
-            logn = lambda z, m_, lv: (-0.5 * (math.log(2 * math.pi) + lv + (z - m_) ** 2 / lv.exp())).sum(-1)
-            terms.append((logn(z, mu_r, lv_r) - (nll * m).sum(-1) - logn(z, mu_q, lv_q)).cpu())
+            terms.append((gaussian_log_density(z, mu_r, lv_r) - (nll * m).sum(-1) - gaussian_log_density(z, mu_q, lv_q)).cpu())
         marg = -(torch.logsumexp(torch.stack(terms), 0) - math.log(n_importance))
     return {"marginal_nll": marg.sum().item() / tokens, "base_nll": (b * mask).sum().item() / tokens}
 

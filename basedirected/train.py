@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from .conventions import check_nonnegative, check_positive, check_unit_interval
-from .cvae import CVAEConfig, CVAEOutput, build_cvae
+from .cvae import CVAEConfig, CVAEOutput, build_cvae, cvae_forward
 from .data import REGIMES, Example, TraceConfig, Vocab, make_splits
 from .model import (BaseTrainConfig, FrozenReference, ModelConfig, SurprisalCache, TinyCausalLM, batch_indices,
                                 collate, estimate_model_reference_scale, pretrain_base)
@@ -28,7 +28,7 @@ from .surprisal import ReferenceScale, estimate_reference_scale
 
 # %% auto #0
 __all__ = ['BetaSchedule', 'free_bits_kl', 'TrainConfig', 'RunConfig', 'atomic_write_bytes', 'atomic_write_json',
-           'atomic_torch_save', 'load_checkpoint', 'environment_record', 'resolve_device', 'prepare_base',
+           'atomic_torch_save', 'load_checkpoint', 'environment_record', 'run_vocab', 'resolve_device', 'prepare_base',
            'prepare_reference_scale', 'evaluate', 'train_cvae', 'run', 'build_parser', 'config_from_args', 'train_main']
 
 # %% ../nbs/08_train.ipynb #ee290973
@@ -151,6 +151,10 @@ def environment_record(seed: int) -> dict:
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 # %% ../nbs/08_train.ipynb #21dcf369
+def run_vocab(config: RunConfig) -> Vocab:
+    "The vocabulary of a run: enough noise symbols and latent codes for its task and CVAE (at least 8 each, so runs share ids)."
+    return Vocab(noise_alphabet=max(config.data.noise_alphabet, 8), n_latent=max(config.cvae.K, 8))
+
 def resolve_device(device: str = "auto") -> torch.device:
     "`auto` picks CUDA when available, else CPU."
     if device == "auto": return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -192,16 +196,13 @@ def evaluate(model: nn.Module, examples: list[Example], cache: SurprisalCache, c
     totals, n = {}, 0
     for i in range(0, len(examples), batch_size):
         idx = torch.arange(i, min(i + batch_size, len(examples)))
-        out = _forward(model, [examples[j] for j in idx], torch.Generator().manual_seed(seed + i))
+        out = cvae_forward(model, [examples[j] for j in idx], torch.Generator().manual_seed(seed + i))
         b, mask = cache.lookup(idx)
         terms = objective(out.nll, b.to(out.nll.device), mask.to(out.nll.device), c_ref, out.kl, beta, loss)
         for k, v in terms.items(): totals[k] = totals.get(k, 0.0) + v.item() * len(idx)
         n += len(idx)
     model.train(was_training)
     return {k: v / n for k, v in totals.items()}
-
-def _forward(model, examples, generator):
-    return model(examples, generator) if model.config.latent == "continuous" else model(examples)
 
 # %% ../nbs/08_train.ipynb #d68f452f
 def train_cvae(run_dir: Path, model: nn.Module, reference: FrozenReference, train: list[Example], eval_examples: list[Example],
@@ -234,7 +235,7 @@ def train_cvae(run_dir: Path, model: nn.Module, reference: FrozenReference, trai
             beta = float(beta_at(step))
             for g in opt.param_groups: g["lr"] = lr_at(step)
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                out = _forward(model, exs, torch.Generator().manual_seed(config.seed * 1_000_003 + step))
+                out = cvae_forward(model, exs, torch.Generator().manual_seed(config.seed * 1_000_003 + step))
             # the objective runs in float32 outside autocast (weights and reductions)
             terms = objective(out.nll.float(), b, mask, c_ref, out.kl, beta, config.loss,
                               kl_for_loss=free_bits_kl(out, tc.free_bits, tc.free_bits_mode))
@@ -275,7 +276,7 @@ def run(run_dir: Path, config: RunConfig, device: str = "auto", progress: bool =
         raise ValueError(f"{run_dir} holds a run with a different configuration; choose another --run-dir or pass --force")
     device = resolve_device(device)
     atomic_write_json(cfg_path, {"config": config.to_dict(), "environment": environment_record(config.seed)})
-    vocab = Vocab(noise_alphabet=max(config.data.noise_alphabet, 8), n_latent=max(config.cvae.K, 8))
+    vocab = run_vocab(config)
     train, eval_examples = make_splits(config.data, config.n_train, config.n_eval, seed=config.seed)
     base = prepare_base(run_dir, vocab, train, config, device, progress)
     reference = FrozenReference(base)
