@@ -15,26 +15,11 @@ import torch
 __all__ = ['NEGATIVE_SURPRISAL_TOLERANCE', 'check_unit_interval', 'check_nonnegative', 'check_positive', 'check_batch',
            'masked_fill_zero', 'masked_mean', 'reference_dtype', 'autocast_disabled']
 
-# %% ../nbs/00_conventions.ipynb #69f02bb5
-def check_unit_interval(value, name: str) -> float:
-    "Return `value` as a float, or raise `ValueError` unless it is finite and in $[0, 1]$."
-    v = _as_float(value, name)
-    if not 0.0 <= v <= 1.0: raise ValueError(f"{name} must lie in [0, 1], got {v}")
-    return v
-
-def check_nonnegative(value, name: str) -> float:
-    "Return `value` as a float, or raise `ValueError` unless it is finite and $\\ge 0$."
-    v = _as_float(value, name)
-    if v < 0: raise ValueError(f"{name} must be >= 0, got {v}")
-    return v
-
-def check_positive(value, name: str) -> float:
-    "Return `value` as a float, or raise `ValueError` unless it is finite and $> 0$."
-    v = _as_float(value, name)
-    if v <= 0: raise ValueError(f"{name} must be > 0, got {v}")
-    return v
-
-def _as_float(value, name: str) -> float:
+# %% ../nbs/00_conventions.ipynb #008da8f7
+def _as_float(value,    # a Python real or a one-element tensor
+              name: str, # the argument's name, quoted in the error
+             ) -> float: # `value` as a finite float
+    "Return `value` as a finite float, or raise `ValueError` naming `name`."
     if isinstance(value, torch.Tensor):
         if value.numel() != 1: raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
         value = value.item()
@@ -43,10 +28,39 @@ def _as_float(value, name: str) -> float:
     if not math.isfinite(v): raise ValueError(f"{name} must be finite, got {v}")
     return v
 
-# %% ../nbs/00_conventions.ipynb #0ca577d8
+# %% ../nbs/00_conventions.ipynb #f277190a
+def check_unit_interval(value,     # scalar hyperparameter, e.g. alpha
+                        name: str, # the argument's name, quoted in the error
+                       ) -> float: # `value` as a float in [0, 1]
+    "Return `value` as a float, or raise `ValueError` unless it is finite and in $[0, 1]$."
+    v = _as_float(value, name)
+    if not 0.0 <= v <= 1.0: raise ValueError(f"{name} must lie in [0, 1], got {v}")
+    return v
+
+# %% ../nbs/00_conventions.ipynb #471cbfff
+def check_nonnegative(value,     # scalar hyperparameter, e.g. gamma
+                      name: str, # the argument's name, quoted in the error
+                     ) -> float: # `value` as a float >= 0
+    "Return `value` as a float, or raise `ValueError` unless it is finite and $\\ge 0$."
+    v = _as_float(value, name)
+    if v < 0: raise ValueError(f"{name} must be >= 0, got {v}")
+    return v
+
+# %% ../nbs/00_conventions.ipynb #7b56d0cd
+def check_positive(value,     # scalar, e.g. the reference scale c_ref
+                   name: str, # the argument's name, quoted in the error
+                  ) -> float: # `value` as a float > 0
+    "Return `value` as a float, or raise `ValueError` unless it is finite and $> 0$."
+    v = _as_float(value, name)
+    if v <= 0: raise ValueError(f"{name} must be > 0, got {v}")
+    return v
+
+# %% ../nbs/00_conventions.ipynb #95429154
 NEGATIVE_SURPRISAL_TOLERANCE = 1e-4  # log-softmax round-off stays far below this
 
-def check_batch(mask: torch.Tensor, **tensors: torch.Tensor) -> torch.Tensor:
+def check_batch(mask: torch.Tensor,      # (B, T) 0/1 or bool, 1 on supervised response tokens
+                **tensors: torch.Tensor  # named (B, T) float tensors to validate against `mask`
+               ) -> torch.Tensor:        # `mask` as bool, (B, T)
     "Validate `(B, T)` tensors against a 0/1 `mask`; return the mask as bool."
     if not isinstance(mask, torch.Tensor): raise ValueError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
     if mask.dim() != 2: raise ValueError(f"mask must have shape (B, T), got {tuple(mask.shape)}")
@@ -63,21 +77,29 @@ def check_batch(mask: torch.Tensor, **tensors: torch.Tensor) -> torch.Tensor:
     if empty: raise ValueError(f"rows {empty} of mask have no supervised token")
     return mask
 
-# %% ../nbs/00_conventions.ipynb #21925070
-def masked_fill_zero(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+# %% ../nbs/00_conventions.ipynb #62330cab
+def masked_fill_zero(x: torch.Tensor,    # values, (B, T); anything (even NaN) off the mask
+                     mask: torch.Tensor, # bool, (B, T)
+                    ) -> torch.Tensor:   # `x` on the mask, exactly 0 elsewhere, (B, T)
     "`x` on supervised positions and exactly 0 elsewhere (safe for NaN padding)."
     return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+# %% ../nbs/00_conventions.ipynb #c8a8d398
+def masked_mean(x: torch.Tensor,    # values, (B, T); anything (even NaN) off the mask
+                mask: torch.Tensor, # bool, (B, T), at least one True per row
+               ) -> torch.Tensor:   # per-row mean over the mask, (B,)
     "Per-row mean over supervised positions: $\\frac{1}{T_y}\\sum_t x_t$, shape `(B,)`."
     return masked_fill_zero(x, mask).sum(-1) / mask.sum(-1).to(x.dtype)
 
-# %% ../nbs/00_conventions.ipynb #dd112eb9
-def reference_dtype(x: torch.Tensor) -> torch.dtype:
+# %% ../nbs/00_conventions.ipynb #1cf695ec
+def reference_dtype(x: torch.Tensor, # any floating tensor
+                   ) -> torch.dtype: # float64 for float64 input, float32 otherwise
     "float64 stays float64; every lower precision is promoted to float32."
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
-def autocast_disabled(device: torch.device):
+# %% ../nbs/00_conventions.ipynb #5d0c6c6d
+def autocast_disabled(device: torch.device, # device whose autocast to switch off
+                     ) -> contextlib.AbstractContextManager: # autocast(enabled=False), or a null context
     "A context that turns autocast off on `device` (a no-op where autocast does not exist)."
     if device.type in ("cpu", "cuda"): return torch.autocast(device_type=device.type, enabled=False)
     return contextlib.nullcontext()

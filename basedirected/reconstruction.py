@@ -15,16 +15,26 @@ from .weights import INVERSE_SURPRISAL_FLOOR, ReferenceWeights, reference_weight
 # %% auto #0
 __all__ = ['TERM_SPECS', 'TERM_NAMES', 'aggregate', 'TermSpec', 'resolve_term', 'reconstruction_terms', 'policy_matched_scale']
 
-# %% ../nbs/03_reconstruction.ipynb #7b1a829f
-def aggregate(nll: torch.Tensor, policy: torch.Tensor, mask: torch.Tensor,
-              example_weight: torch.Tensor | None = None, scale: float | torch.Tensor = 1.0) -> torch.Tensor:
+# %% ../nbs/03_reconstruction.ipynb #c5c528e0
+def aggregate(nll: torch.Tensor,    # ell_t, generator token losses averaged over z, (B, T)
+              policy: torch.Tensor, # token policy pi_t, (B, T); detached
+              mask: torch.Tensor,   # 0/1 or bool over response tokens, (B, T)
+              example_weight: torch.Tensor | None = None, # omega per example, (B,); None means 1
+              scale: float | torch.Tensor = 1.0,          # C > 0, the global scale
+             ) -> torch.Tensor:     # the scalar L[pi, omega, C]
     "$L[\\pi,\\omega,C] = \\frac1C \\frac1B\\sum_b \\omega_b \\sum_t \\pi_{bt}\\, \\ell_{bt}$ (note 003's unified family)."
     mask = check_batch(mask, nll=nll, policy=policy)
     if example_weight is not None and example_weight.shape != mask.shape[:1]:
         raise ValueError(f"example_weight must have shape {tuple(mask.shape[:1])}, got {tuple(example_weight.shape)}")
     return _aggregate(nll, policy, mask, example_weight, check_positive(scale, "scale"))
 
-def _aggregate(nll, policy, mask, example_weight, scale):
+# %% ../nbs/03_reconstruction.ipynb #ad1b9f85
+def _aggregate(nll,            # ell_t, (B, T)
+               policy,         # pi_t, (B, T)
+               mask,           # bool over response tokens, (B, T)
+               example_weight, # omega, (B,), or None
+               scale,          # validated C > 0
+              ):               # the scalar L[pi, omega, C]
     "`aggregate` on validated input: reconstruction_terms validates once, not once per term."
     per_example = (masked_fill_zero(nll.to(reference_dtype(nll)), mask) * policy.detach()).sum(-1)
     if example_weight is not None: per_example = per_example * example_weight.detach()
@@ -52,9 +62,13 @@ TERM_SPECS: dict[str, TermSpec] = {
 }
 TERM_NAMES = tuple(TERM_SPECS)
 
-# %% ../nbs/03_reconstruction.ipynb #f1c0c549
-def resolve_term(spec: TermSpec, weights: ReferenceWeights, c_ref: float, ex_floor: float = 1e-6,
-                 token_reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor | None, float]:
+# %% ../nbs/03_reconstruction.ipynb #f0e81faa
+def resolve_term(spec: TermSpec,             # the term's (pi, omega, C) by name
+                 weights: ReferenceWeights,  # one batch's reference weights
+                 c_ref: float,               # c_theta, used when spec.normalized
+                 ex_floor: float = 1e-6,     # floor on b_theta in omega = 1/b_theta
+                 token_reduction: str = "mean", # 'sum' turns std's policy into pi_t = 1
+                ) -> tuple[torch.Tensor, torch.Tensor | None, float]: # (pi (B, T), omega (B,) or None, C)
     "The $(\\pi, \\omega, C)$ tensors of `spec` for one batch."
     if spec.policy == "uniform" and token_reduction == "sum" and not spec.normalized and spec.example_weight is None:
         policy = weights.mask.to(weights.uniform.dtype)  # pi_t = 1: token sum
@@ -65,12 +79,20 @@ def resolve_term(spec: TermSpec, weights: ReferenceWeights, c_ref: float, ex_flo
              "inverse_inverse_kappa": 1.0 / weights.inverse_kappa}[spec.example_weight]
     return policy, omega, (c_ref if spec.normalized else 1.0)
 
-# %% ../nbs/03_reconstruction.ipynb #6e7c703e
-def reconstruction_terms(nll: torch.Tensor, base_nll: torch.Tensor, mask: torch.Tensor, c_ref: float,
-                         alpha: float = 0.5, gamma: float = 1.0, token_reduction: str = "mean",
-                         ex_floor: float = 1e-6, inverse_floor: float = INVERSE_SURPRISAL_FLOOR,
-                         topk_fraction: float = 0.2, mean_one_lambda: float = 0.5,
-                         weights: ReferenceWeights | None = None) -> dict[str, torch.Tensor]:
+# %% ../nbs/03_reconstruction.ipynb #abc4320f
+def reconstruction_terms(nll: torch.Tensor,      # ell_t, generator token losses averaged over z, (B, T)
+                         base_nll: torch.Tensor, # b_{theta,t} from the frozen base model, (B, T)
+                         mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
+                         c_ref: float,           # c_theta > 0, the reference scale
+                         alpha: float = 0.5,     # alpha in [0, 1]: uniform (1) vs corrected (0) weights
+                         gamma: float = 1.0,     # gamma >= 0: concentration exponent
+                         token_reduction: str = "mean", # 'mean' or 'sum' (std only: the sequence NLL)
+                         ex_floor: float = 1e-6, # floor on b_theta in ex's 1/b_theta
+                         inverse_floor: float = INVERSE_SURPRISAL_FLOOR, # epsilon of the inverse ablation
+                         topk_fraction: float = 0.2,   # f of the top-k% policy
+                         mean_one_lambda: float = 0.5, # lambda of the mean-one policy
+                         weights: ReferenceWeights | None = None, # precomputed weights for this mask, or None
+                        ) -> dict[str, torch.Tensor]:  # every term of TERM_NAMES and the weight statistics, scalars
     "Every reconstruction term of notes 000/001/003 as scalar tensors, plus weight statistics."
     c_ref = check_positive(c_ref, "c_ref")
     if token_reduction not in ("mean", "sum"): raise ValueError(f"token_reduction must be 'mean' or 'sum', got {token_reduction!r}")
@@ -87,9 +109,14 @@ def reconstruction_terms(nll: torch.Tensor, base_nll: torch.Tensor, mask: torch.
                inverse_kappa_mean=weights.inverse_kappa.mean())
     return out
 
-# %% ../nbs/03_reconstruction.ipynb #ee2362ff
-def policy_matched_scale(term: str, base_nll: torch.Tensor, mask: torch.Tensor, alpha: float = 0.5, gamma: float = 1.0,
-                         ex_floor: float = 1e-6) -> float:
+# %% ../nbs/03_reconstruction.ipynb #bbe3252e
+def policy_matched_scale(term: str,               # a name of TERM_NAMES
+                         base_nll: torch.Tensor,  # b_{theta,t} of a sample, (B, T)
+                         mask: torch.Tensor,      # 0/1 or bool over response tokens, (B, T)
+                         alpha: float = 0.5,      # alpha in [0, 1]
+                         gamma: float = 1.0,      # gamma >= 0
+                         ex_floor: float = 1e-6,  # floor on b_theta in ex's 1/b_theta
+                        ) -> float:               # C_{pi, omega} estimated on the sample
     "$C_{\\pi,\\omega} = \\mathbb E[\\omega \\sum_t \\pi_t b_t]$ for a named term, estimated on a batch of base surprisals (note 003)."
     if term not in TERM_SPECS: raise ValueError(f"term must be one of {TERM_NAMES}, got {term!r}")
     weights = reference_weights(base_nll, mask, alpha=alpha, gamma=gamma)

@@ -16,16 +16,20 @@ from .conventions import NEGATIVE_SURPRISAL_TOLERANCE, check_batch, masked_fill_
 # %% auto #0
 __all__ = ['token_surprisal', 'prepare_surprisal', 'base_mean', 'ReferenceScale', 'estimate_reference_scale']
 
-# %% ../nbs/01_surprisal.ipynb #81db6899
-def token_surprisal(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+# %% ../nbs/01_surprisal.ipynb #9468de86
+def token_surprisal(logits: torch.Tensor, # next-token logits of a causal LM, (B, L, V), any float dtype
+                    ids: torch.Tensor,    # token ids of the same sequences, (B, L)
+                   ) -> torch.Tensor:     # float32 surprisal of ids[:, 1:], (B, L-1)
     "Next-token surprisal $-\\log p(\\text{ids}_{i+1}|\\text{ids}_{\\le i})$ at every position; shape `(B, L-1)`."
     if logits.dim() != 3 or ids.dim() != 2 or logits.shape[:2] != ids.shape:
         raise ValueError(f"logits (B, L, V) and ids (B, L) disagree: {tuple(logits.shape)} vs {tuple(ids.shape)}")
     pred = logits[:, :-1].float()  # log-softmax in float32 even when the model ran in bf16
     return F.cross_entropy(pred.transpose(1, 2), ids[:, 1:], reduction="none")
 
-# %% ../nbs/01_surprisal.ipynb #733b0e7f
-def prepare_surprisal(base_nll: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+# %% ../nbs/01_surprisal.ipynb #506ca7a6
+def prepare_surprisal(base_nll: torch.Tensor, # b_{theta,t} from the frozen base model, (B, T); NaN allowed off the mask
+                      mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
+                     ) -> tuple[torch.Tensor, torch.Tensor]: # (b, mask): b detached, >= 0, zero off the mask; mask as bool
     "Validated, detached, non-negative $b_{\\theta,t}$ (zero off the mask) and the bool mask."
     mask = check_batch(mask, base_nll=base_nll)
     b = base_nll.detach().to(reference_dtype(base_nll))
@@ -34,12 +38,15 @@ def prepare_surprisal(base_nll: torch.Tensor, mask: torch.Tensor) -> tuple[torch
         raise ValueError(f"base_nll must be a surprisal (>= 0); found {worst:.3g} on a supervised position")
     return masked_fill_zero(b.clamp_min(0.0), mask), mask
 
-def base_mean(base_nll: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+# %% ../nbs/01_surprisal.ipynb #94f55ed4
+def base_mean(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
+              mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
+             ) -> torch.Tensor:       # b_theta per example, (B,)
     "$b_\\theta(x,y)$: response-token mean base surprisal, shape `(B,)` (note 000)."
     b, mask = prepare_surprisal(base_nll, mask)
     return masked_mean(b, mask)
 
-# %% ../nbs/01_surprisal.ipynb #27300a46
+# %% ../nbs/01_surprisal.ipynb #e3e4cb5b
 @dataclass(frozen=True)
 class ReferenceScale:
     "An estimate $\\widehat c_\\theta$ of the reference scale with its standard error."
@@ -49,7 +56,10 @@ class ReferenceScale:
     source: str    # 'model' (y ~ p_theta, the definition) or 'data' (observed y)
     def to_dict(self): return asdict(self)
 
-def estimate_reference_scale(base_means: torch.Tensor, source: str = "model") -> ReferenceScale:
+# %% ../nbs/01_surprisal.ipynb #454614db
+def estimate_reference_scale(base_means: torch.Tensor, # per-example b_theta, (N,) or any shape, N >= 2
+                             source: str = "model",    # 'model' if y ~ p_theta (the definition), 'data' if observed y
+                            ) -> ReferenceScale:       # c_hat with its standard error
     "$\\widehat c_\\theta$ from per-example $b_\\theta$ values (note 000: the empirical reference scale)."
     if source not in ("model", "data"): raise ValueError(f"source must be 'model' or 'data', got {source!r}")
     x = torch.as_tensor(base_means).detach().double().flatten()

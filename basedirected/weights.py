@@ -17,14 +17,19 @@ from .surprisal import prepare_surprisal
 __all__ = ['INVERSE_SURPRISAL_FLOOR', 'uniform_weights', 'ReferenceWeights', 'reference_weights', 'surprisal_share_weights',
            'concentration_factor', 'corrected_weights', 'reconstruction_weights', 'inverse_surprisal_weights']
 
-# %% ../nbs/02_weights.ipynb #d8b9f262
-def uniform_weights(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+# %% ../nbs/02_weights.ipynb #cac32cb5
+def uniform_weights(mask: torch.Tensor,                 # 0/1 or bool over response tokens, (B, T)
+                    dtype: torch.dtype = torch.float32, # dtype of the result
+                   ) -> torch.Tensor:                   # u_t, rows sum to 1, (B, T)
     "$u_t = 1/T_y$ on supervised positions, 0 elsewhere (note 000)."
     m = mask.to(dtype)
     return m / m.sum(-1, keepdim=True)
 
-# %% ../nbs/02_weights.ipynb #939b595b
-def _share(log_b: torch.Tensor, mask: torch.Tensor, exponent: float) -> torch.Tensor:
+# %% ../nbs/02_weights.ipynb #6b9468a0
+def _share(log_b: torch.Tensor,   # log surprisal, (B, T); -inf where b = 0
+           mask: torch.Tensor,    # bool over response tokens, (B, T)
+           exponent: float,       # gamma for the surprisal share, -gamma for the inverse ablation
+          ) -> torch.Tensor:      # normalized b^exponent, rows sum to 1, zero off the mask, (B, T)
     "Masked softmax of `exponent * log_b`: normalized $b^{\\text{exponent}}$; all-`-inf` rows become uniform."
     if exponent == 0: return uniform_weights(mask, log_b.dtype)
     neg_inf = torch.tensor(-math.inf, dtype=log_b.dtype, device=log_b.device)
@@ -33,7 +38,7 @@ def _share(log_b: torch.Tensor, mask: torch.Tensor, exponent: float) -> torch.Te
     logits = torch.where(degenerate & mask, torch.zeros_like(logits), logits)
     return torch.softmax(logits, dim=-1)
 
-# %% ../nbs/02_weights.ipynb #ea4b38c6
+# %% ../nbs/02_weights.ipynb #fa22962c
 INVERSE_SURPRISAL_FLOOR = 1e-3  # nats; b below this counts as equally predictable in the ablation
 
 @dataclass(frozen=True)
@@ -55,12 +60,20 @@ class ReferenceWeights:
     alpha: float
     gamma: float
 
-def _kappa(share: torch.Tensor, b: torch.Tensor, bbar: torch.Tensor) -> torch.Tensor:
+# %% ../nbs/02_weights.ipynb #6f64b6be
+def _kappa(share: torch.Tensor, # a normalized token policy, (B, T)
+           b: torch.Tensor,     # prepared surprisal, zero off the mask, (B, T)
+           bbar: torch.Tensor,  # b_theta, (B,)
+          ) -> torch.Tensor:    # sum_t share_t b_t / b_theta, (B,)
     "$\\sum_t s_t b_t / b_\\theta$, defined as 1 on rows whose surprisal is all zero."
     safe = torch.where(bbar > 0, bbar, torch.ones_like(bbar))
     return torch.where(bbar > 0, (share * b).sum(-1) / safe, torch.ones_like(bbar))
 
-def _top_surprisal(b: torch.Tensor, mask: torch.Tensor, fraction: float) -> torch.Tensor:
+# %% ../nbs/02_weights.ipynb #cf1dfee6
+def _top_surprisal(b: torch.Tensor,    # prepared surprisal, zero off the mask, (B, T)
+                   mask: torch.Tensor, # bool over response tokens, (B, T)
+                   fraction: float,    # f in (0, 1]: share of each response kept
+                  ) -> torch.Tensor:   # 1/k on the k chosen tokens, rows sum to 1, (B, T)
     "Uniform weight on the $\\lceil f\\,T_y\\rceil$ highest-surprisal tokens of each row (ties: earlier position first)."
     k = torch.clamp(torch.ceil(fraction * mask.sum(-1)), min=1)
     keyed = torch.where(mask, b, torch.full_like(b, -1.0))  # b >= 0, so padding sorts last
@@ -68,15 +81,25 @@ def _top_surprisal(b: torch.Tensor, mask: torch.Tensor, fraction: float) -> torc
     chosen = (rank < k[:, None]) & mask
     return chosen.to(b.dtype) / k[:, None].to(b.dtype)
 
-def _mean_one(b: torch.Tensor, bbar: torch.Tensor, u: torch.Tensor, lam: float) -> torch.Tensor:
+# %% ../nbs/02_weights.ipynb #2a97b4cc
+def _mean_one(b: torch.Tensor,    # prepared surprisal, zero off the mask, (B, T)
+              bbar: torch.Tensor, # b_theta, (B,)
+              u: torch.Tensor,    # uniform weights 1/T_y, (B, T)
+              lam: float,         # lambda in [0, 1]: mix of mean-one surprisal (1) and uniform (0)
+             ) -> torch.Tensor:   # pi_t, rows sum to 1, (B, T)
     "$\\pi_t = (\\lambda\\, b_t/b_\\theta + 1 - \\lambda)/T_y$: mean-one surprisal weights mixed with uniform."
     ratio = torch.where(bbar[:, None] > 0, b / torch.where(bbar > 0, bbar, torch.ones_like(bbar))[:, None], torch.ones_like(b))
     return (lam * ratio + (1 - lam)) * u
 
-# %% ../nbs/02_weights.ipynb #115c66cf
-def reference_weights(base_nll: torch.Tensor, mask: torch.Tensor, alpha: float = 0.5, gamma: float = 1.0,
-                      inverse_floor: float = INVERSE_SURPRISAL_FLOOR, topk_fraction: float = 0.2,
-                      mean_one_lambda: float = 0.5) -> ReferenceWeights:
+# %% ../nbs/02_weights.ipynb #64231610
+def reference_weights(base_nll: torch.Tensor,  # b_{theta,t} from the frozen base model, (B, T)
+                      mask: torch.Tensor,      # 0/1 or bool over response tokens, (B, T)
+                      alpha: float = 0.5,      # alpha in [0, 1]: uniform (1) vs corrected (0) weights
+                      gamma: float = 1.0,      # gamma >= 0: concentration exponent
+                      inverse_floor: float = INVERSE_SURPRISAL_FLOOR, # epsilon (nats) of the inverse ablation
+                      topk_fraction: float = 0.2,    # f in (0, 1] of the top-k% selection policy
+                      mean_one_lambda: float = 0.5,  # lambda in [0, 1] of the mean-one policy
+                     ) -> ReferenceWeights:    # every weight and statistic, no gradient, >= float32
     "All token weights of note 000 (and the inverse ablation of note 001, and two published policies) for one batch."
     alpha, gamma = check_unit_interval(alpha, "alpha"), check_nonnegative(gamma, "gamma")
     topk_fraction, mean_one_lambda = check_unit_interval(topk_fraction, "topk_fraction"), check_unit_interval(mean_one_lambda, "mean_one_lambda")
@@ -98,24 +121,42 @@ def reference_weights(base_nll: torch.Tensor, mask: torch.Tensor, alpha: float =
         mean_one = _mean_one(b, bbar, u, mean_one_lambda)
     return ReferenceWeights(mask, b, bbar, u, share, kappa, corrected, final, inv_share, inv_kappa, inverse, top, mean_one, alpha, gamma)
 
-# %% ../nbs/02_weights.ipynb #cad22139
-def surprisal_share_weights(base_nll: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+# %% ../nbs/02_weights.ipynb #1ca1ab27
+def surprisal_share_weights(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
+                            mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
+                            gamma: float,           # gamma >= 0: concentration exponent
+                           ) -> torch.Tensor:       # w~_t, rows sum to 1, (B, T)
     "$\\widetilde w_{\\theta,t}^{(\\gamma)}$: raw normalized surprisal weights, rows sum to 1 (note 000)."
     return reference_weights(base_nll, mask, gamma=gamma).share
 
-def concentration_factor(base_nll: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+def concentration_factor(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
+                         mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
+                         gamma: float,           # gamma >= 0: concentration exponent
+                        ) -> torch.Tensor:       # kappa >= 1 per example, (B,)
     "$\\kappa_\\theta^{(\\gamma)} = \\sum_t \\widetilde w_t b_t / b_\\theta$, shape `(B,)` (note 000)."
     return reference_weights(base_nll, mask, gamma=gamma).kappa
 
-def corrected_weights(base_nll: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+# %% ../nbs/02_weights.ipynb #cb613b09
+def corrected_weights(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
+                      mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
+                      gamma: float,           # gamma >= 0: concentration exponent
+                     ) -> torch.Tensor:       # w_t = w~_t / kappa, (B, T)
     "$w_{\\theta,t}^{(\\gamma)} = \\widetilde w_t / \\kappa$: concentration-corrected weights, $\\sum_t w_t b_t = b_\\theta$ (note 000)."
     return reference_weights(base_nll, mask, gamma=gamma).corrected
 
-def reconstruction_weights(base_nll: torch.Tensor, mask: torch.Tensor, alpha: float, gamma: float) -> torch.Tensor:
+def reconstruction_weights(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
+                           mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
+                           alpha: float,           # alpha in [0, 1]: uniform (1) vs corrected (0)
+                           gamma: float,           # gamma >= 0: concentration exponent
+                          ) -> torch.Tensor:       # a_t, (B, T)
     "$a_{\\theta,t} = \\alpha u_t + (1-\\alpha) w_t$: the final weights of $\\mathcal R_\\theta$ (note 000)."
     return reference_weights(base_nll, mask, alpha=alpha, gamma=gamma).final
 
-def inverse_surprisal_weights(base_nll: torch.Tensor, mask: torch.Tensor, gamma: float,
-                              inverse_floor: float = INVERSE_SURPRISAL_FLOOR) -> torch.Tensor:
+# %% ../nbs/02_weights.ipynb #a586e844
+def inverse_surprisal_weights(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
+                              mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
+                              gamma: float,           # gamma >= 0: exponent of b^-gamma
+                              inverse_floor: float = INVERSE_SURPRISAL_FLOOR, # epsilon (nats): b is floored here
+                             ) -> torch.Tensor:       # v_t = v~_t / kappa_inv, (B, T)
     "$v_t = \\widetilde v_t / \\kappa^{\\mathrm{inv}}$: the inverse-surprisal ablation's corrected weights (note 001)."
     return reference_weights(base_nll, mask, gamma=gamma, inverse_floor=inverse_floor).inverse
