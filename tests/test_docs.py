@@ -105,7 +105,7 @@ def test_api_reference_lists_every_public_function(site, browser):
 
 def test_results_page_shows_the_experiment_figures(site, browser):
     out, _, base = site
-    _load(browser, urljoin(base, "11_results.html"))
+    _load(browser, urljoin(base, "13_results.html"))
     sizes = browser.execute_script("return Array.from(document.images).map(i => [i.naturalWidth, i.naturalHeight]);")
     assert len(sizes) >= 3 and all(w > 100 and h > 100 for w, h in sizes)
 

@@ -1,10 +1,11 @@
-"""KL terms, the loss configuration, and J_theta / J_cELBO."""
+"""KL terms, the loss configuration and its presets, the compared objectives, and J_theta / J_cELBO."""
 import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from basedirected.objective import (OBJECTIVE_PRESETS, ORIGINAL_FLAG_ALIASES, ReconstructionLossConfig, categorical_kl,
-                                    gaussian_kl, j_celbo, j_theta, objective)
+from basedirected.distributions import categorical_kl, gaussian_kl
+from basedirected.objective import (LOSS_PRESETS, OBJECTIVE_NAMES, ORIGINAL_FLAG_ALIASES, ReconstructionLossConfig, j_celbo, j_theta,
+                                    objective, objectives)
 from basedirected.reconstruction import TERM_NAMES, reconstruction_terms
 from reference_loops import categorical_kl_loop
 
@@ -30,6 +31,17 @@ def test_gaussian_kl_matches_torch_distributions_and_vanishes_at_equality():
     torch.testing.assert_close(gaussian_kl(mq, lq, mq, lq), torch.zeros(6))
     with pytest.raises(ValueError, match="must share one shape"):
         gaussian_kl(mq, lq, mr[:, :2], lr)
+    with pytest.raises(ValueError, match="mu_r has NaN or inf"):
+        gaussian_kl(mq, lq, mr * float("nan"), lr)
+
+
+def test_categorical_kl_handles_ruled_out_codes_and_rejects_bad_logits():
+    ruled_out = torch.tensor([[0.0, 1.0, float("-inf")]])
+    assert categorical_kl(ruled_out, ruled_out).item() == pytest.approx(0.0, abs=1e-7)
+    assert categorical_kl(ruled_out, torch.zeros(1, 3)).item() == pytest.approx(categorical_kl_loop([0.0, 1.0, -1e30], [0.0, 0.0, 0.0]), rel=1e-5)
+    for bad, message in [(torch.tensor([[float("nan"), 0.0]]), "q_logits has NaN"), (torch.zeros(2, 0), "K >= 1")]:
+        with pytest.raises(ValueError, match=message):
+            categorical_kl(bad, torch.zeros_like(bad))
 
 
 def _batch():
@@ -40,13 +52,13 @@ def _batch():
 @pytest.mark.parametrize("alpha, gamma", [(0.0, 1.0), (0.3, 2.0), (1.0, 0.5)])
 def test_base_directed_preset_is_j_theta(alpha, gamma):
     nll, base, mask, kl = _batch()
-    out = objective(nll, base, mask, 1.1, kl, 0.7, ReconstructionLossConfig.base_directed(alpha, gamma))
+    out = objective(nll, base, mask, 1.1, kl, 0.7, ReconstructionLossConfig.theta(alpha, gamma=gamma))
     torch.testing.assert_close(out["loss"], j_theta(out, kl, 0.7))
 
 
 def test_celbo_preset_is_j_celbo_and_every_term_is_always_returned():
     nll, base, mask, kl = _batch()
-    for preset in OBJECTIVE_PRESETS:
+    for preset in LOSS_PRESETS:
         out = objective(nll, base, mask, 1.1, kl, 0.7, getattr(ReconstructionLossConfig, preset)())
         assert set(TERM_NAMES) | {"kl", "recon", "loss"} <= set(out), preset
     out = objective(nll, base, mask, 1.1, kl, 0.7, ReconstructionLossConfig.celbo())
@@ -94,5 +106,18 @@ def test_objective_rejects_bad_kl_and_beta():
 
 def test_alias_table_maps_onto_config_fields():
     fields = set(ReconstructionLossConfig.__dataclass_fields__)
-    assert {f for f, _ in ORIGINAL_FLAG_ALIASES.values()} <= fields
-    assert ORIGINAL_FLAG_ALIASES["--token-weighted-reconstruction-alpha"][0] == "gamma"
+    assert {f.field for f in ORIGINAL_FLAG_ALIASES.values()} <= fields
+    assert ORIGINAL_FLAG_ALIASES["--token-weighted-reconstruction-alpha"].field == "gamma"
+
+
+def test_every_term_has_a_preset_and_an_objective_of_its_name():
+    assert set(LOSS_PRESETS) == {"celbo"} | set(TERM_NAMES) - {"std"}
+    assert set(LOSS_PRESETS) <= set(OBJECTIVE_NAMES) == set(objectives())
+    for name in LOSS_PRESETS:  # the objective of a term's name trains with that term's preset
+        assert objectives()[name].loss == getattr(ReconstructionLossConfig, name)(**({"gamma": 1.0} if name in ("tok", "tok_cc", "inv_tok") else {})), name
+
+
+def test_presets_keep_their_own_alpha_unless_given():
+    assert ReconstructionLossConfig.tok_cc().alpha == 0.0
+    assert ReconstructionLossConfig.tok_cc(alpha=0.3).alpha == 0.3
+    assert ReconstructionLossConfig.theta(0.2).lambda_dist == 0.2

@@ -91,3 +91,29 @@ def test_quarto_sidebar_lists_every_published_notebook_in_order():
     from basedirected.docsite import page_order
     listed = [l.strip()[2:] for l in (ROOT / "nbs" / "sidebar.yml").read_text().splitlines() if l.strip().startswith("- ")]
     assert listed == [p.name for p in page_order(ROOT / "nbs")]
+
+
+def _reading_order():
+    "Module names in notebook order (each notebook's `#| default_exp`)."
+    import json
+    from basedirected.docsite import page_order
+    mods = []
+    for nb in page_order(ROOT / "nbs"):
+        for c in json.loads(nb.read_text())["cells"]:
+            src = "".join(c["source"])
+            if c["cell_type"] == "code" and src.startswith("#| default_exp"):
+                mods.append(src.split()[2]); break
+    return mods
+
+
+def test_no_module_imports_from_a_module_above_it():
+    import ast
+    order = _reading_order()
+    assert len(order) == len(set(order)) and "objective" in order and "reports" in order
+    for i, mod in enumerate(order):
+        tree = ast.parse((ROOT / "basedirected" / f"{mod}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                name = node.module.removeprefix("basedirected.").lstrip(".") if node.level or node.module.startswith("basedirected.") else None
+                if name in order:
+                    assert order.index(name) < i, f"{mod} (notebook {i}) imports {name}, which comes later in the reading order"

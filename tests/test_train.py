@@ -1,4 +1,5 @@
-"""Training: resume equivalence, frozen reference, cached vs recomputed b, enumeration, alignment, CLI validation."""
+"""Training: resume equivalence, frozen reference, cached vs recomputed b, enumeration, alignment, the CVAE's KL and gradients,
+CLI validation and the CLI / preset / sweep agreement."""
 import json
 import subprocess
 import sys
@@ -6,11 +7,15 @@ import sys
 import pytest
 import torch
 
-from basedirected.cvae import CVAEConfig, DiscreteCVAE, build_cvae
-from basedirected.data import TraceConfig, Vocab, make_splits
-from basedirected.model import (BaseTrainConfig, FrozenReference, ModelConfig, SurprisalCache, batch_indices, collate, gather_response,
-                                pretrain_base, response_nll)
-from basedirected.train import BetaSchedule, RunConfig, TrainConfig, build_parser, config_from_args, free_bits_kl, run, train_cvae
+from basedirected.base import BaseTrainConfig, FrozenReference, SurprisalCache, pretrain_base
+from basedirected.cvae import CVAEConfig, DiscreteCVAE, build_cvae, router_logits
+from basedirected.distributions import categorical_kl
+from basedirected.model import ModelConfig, collate, gather_response, response_nll
+from basedirected.objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig, free_bits_kl, objective
+from basedirected.runs import RunConfig, TrainConfig, prepare_run, read_log
+from basedirected.tasks import Vocab, batch_indices, make_splits
+from basedirected.train import OPTIONS, build_parser, config_from_args, run, train_main, train_run
+from basedirected.visiting_order import VisitingOrder
 
 SMALL_MODEL = ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64)
 
@@ -24,10 +29,21 @@ def tiny_config(latent="discrete", steps=8, **train_kw):
 
 @pytest.fixture(scope="module")
 def small_setup():
-    vocab, cfg = Vocab(), TraceConfig.early(noise_tokens=1)
-    train, held_out = make_splits(cfg, 600, 32, seed=0)
+    task = VisitingOrder.early(noise_tokens=1)
+    vocab = Vocab.for_task(task)
+    train, held_out = make_splits(task, 600, 32, seed=0)
     base, _ = pretrain_base(vocab, train, BaseTrainConfig(model=SMALL_MODEL, steps=40, batch_size=32), seed=0)
     return vocab, train, held_out, base
+
+
+def _skewed(base, vocab, seed=3):
+    "A discrete CVAE made non-inert by hand: spread-out codes and a random posterior head."
+    model = DiscreteCVAE(base, vocab, CVAEConfig(K=3, code_init_noise=2.0), seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        model.posterior_head.weight.copy_(torch.randn(model.posterior_head.weight.shape, generator=g))
+        model.posterior_head.bias.copy_(torch.randn(model.posterior_head.bias.shape, generator=g))
+    return model
 
 
 @pytest.mark.parametrize("latent", ["discrete", "continuous"])
@@ -41,19 +57,17 @@ def test_resume_gives_the_same_final_metrics_as_an_uninterrupted_run(tmp_path, l
     a = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
-    log_a = [json.loads(l) for l in open(tmp_path / "straight" / "log.jsonl")]
-    log_b = [json.loads(l) for l in open(tmp_path / "resumed" / "log.jsonl")]
     strip = lambda log: [{k: v for k, v in l.items() if k != "examples_per_s"} for l in log]
-    assert strip(log_a) == strip(log_b)
+    assert strip(read_log(tmp_path / "straight" / "log.jsonl")) == strip(read_log(tmp_path / "resumed" / "log.jsonl"))
 
 
 def test_resume_after_lines_written_past_the_checkpoint_drops_them(tmp_path):
     cfg = tiny_config(steps=8)
     run(tmp_path, cfg, device="cpu", stop_after=4)
-    with open(tmp_path / "log.jsonl", "a") as f:  # a crash after step 5 was logged but before its checkpoint
-        f.write(json.dumps({"step": 5, "split": "train", "loss": 123.0}) + "\n")
+    with open(tmp_path / "log.jsonl", "a") as f:  # a crash after step 5 was logged but before its checkpoint, mid-line
+        f.write(json.dumps({"step": 5, "split": "train", "loss": 123.0}) + "\n" + '{"step": 6, "spl')
     run(tmp_path, cfg, device="cpu")
-    steps = [json.loads(l)["step"] for l in open(tmp_path / "log.jsonl") if json.loads(l)["split"] == "train"]
+    steps = [l["step"] for l in read_log(tmp_path / "log.jsonl") if l["split"] == "train"]
     assert steps == list(range(1, 9))
 
 
@@ -68,20 +82,14 @@ def test_run_refuses_a_directory_holding_another_configuration(tmp_path):
         run(tmp_path, tiny_config(steps=3), device="cpu")
 
 
-def test_reference_is_unchanged_by_training_and_never_shares_storage(small_setup, tmp_path):
-    vocab, train, held_out, base = small_setup
-    reference = FrozenReference(base)
-    before = {k: v.clone() for k, v in reference.state_dict().items()}
-    model = DiscreteCVAE(base, vocab, CVAEConfig(K=3))
-    ref_ptrs = {p.data_ptr() for p in reference.parameters()}
-    assert not ref_ptrs & {p.data_ptr() for p in model.parameters()}
-    cfg = tiny_config(steps=6)
-    cache_t, cache_e = SurprisalCache(reference, vocab, train), SurprisalCache(reference, vocab, held_out)
-    train_cvae(tmp_path, model, reference, train, held_out, cache_t, cache_e, 1.0, cfg)
-    moved = any(not torch.equal(p, q) for p, q in zip(model.generator.parameters(), base.parameters()))
-    assert moved  # the CVAE did train...
-    assert all(torch.equal(before[k], v) for k, v in reference.state_dict().items())  # ...the reference did not
-    assert not reference.training and not any(p.requires_grad for p in reference.parameters())
+def test_reference_is_unchanged_by_training_and_never_shares_storage(tmp_path):
+    r = prepare_run(tmp_path, tiny_config(steps=6), device="cpu")
+    before = {k: v.clone() for k, v in r.reference.state_dict().items()}
+    assert not {p.data_ptr() for p in r.reference.parameters()} & {p.data_ptr() for p in r.model.parameters()}
+    train_run(r)
+    assert any(not torch.equal(p, q) for p, q in zip(r.model.generator.parameters(), r.base.parameters()))  # the CVAE trained...
+    assert all(torch.equal(before[k], v) for k, v in r.reference.state_dict().items())  # ...the reference did not
+    assert not r.reference.training and not any(p.requires_grad for p in r.reference.parameters())
 
 
 def test_cached_and_recomputed_reference_agree(small_setup, tmp_path):
@@ -94,7 +102,6 @@ def test_cached_and_recomputed_reference_agree(small_setup, tmp_path):
         fresh, m2 = reference.response_surprisal(collate(vocab, [train[i] for i in idx]))
         assert torch.equal(m1, m2)
         torch.testing.assert_close(cached, fresh, rtol=1e-5, atol=1e-6)
-    # and whole training runs agree
     r1 = run(tmp_path / "cached", tiny_config(steps=4), device="cpu")
     r2 = run(tmp_path / "recomputed", tiny_config(steps=4, recompute_reference=True), device="cpu")
     for k in r1:
@@ -119,11 +126,8 @@ def test_inert_initialization_is_close_for_every_code(small_setup):
     null, _ = response_nll(base, collate(vocab, held_out, ["<znull>"] * len(held_out)))
     with torch.no_grad():
         out = model(held_out)
-    # every code behaves like the neutral code (the noise is small)...
     assert (out.nll_per_code - null[:, None]).abs()[mask[:, None].expand_as(out.nll_per_code)].max() < 0.05
-    # ...router and posterior start (near) uniform
     assert (out.q - 0.25).abs().max() == 0 and (out.r - 0.25).abs().max() < 0.02
-    # and the measured gap to the reference is reported, not assumed: it must be finite and small on average
     assert (out.nll - b).abs()[mask].mean() < 0.5
 
 
@@ -138,6 +142,29 @@ def test_exact_enumeration_equals_loop_over_codes(small_setup):
     torch.testing.assert_close(out.nll, loop, rtol=1e-5, atol=1e-5)
 
 
+def test_the_cvae_rate_is_kl_of_posterior_to_router_on_a_non_inert_model(small_setup):
+    vocab, _, held_out, base = small_setup
+    model = _skewed(base, vocab)
+    with torch.no_grad():
+        out = model(held_out)
+        q_logits, r_logits = model.posterior_logits(held_out), router_logits(model, held_out)
+    q, r = q_logits.softmax(-1).double(), r_logits.softmax(-1).double()
+    loop = (q * (q.log() - r.log())).sum(-1)  # KL(q || r) written out
+    torch.testing.assert_close(out.kl.double(), loop, rtol=1e-4, atol=1e-5)
+    assert (out.kl - categorical_kl(r_logits, q_logits)).abs().max() > 1e-2  # KL(r || q) differs here: the direction is tested
+
+
+def test_the_reconstruction_alone_sends_gradient_to_the_posterior(small_setup):
+    vocab, _, held_out, base = small_setup
+    model = _skewed(base, vocab)
+    out = model(held_out[:16])
+    b, mask = FrozenReference(base).response_surprisal(collate(vocab, held_out[:16]))
+    terms = objective(out.nll, b, mask, 1.0, out.kl, 0.0, ReconstructionLossConfig.theta())  # beta = 0: no KL in the loss
+    terms["loss"].backward()
+    assert model.posterior_head.weight.grad.abs().sum() > 0
+    assert sum(p.grad.abs().sum() for p in model.posterior.parameters() if p.grad is not None) > 0  # through q into the posterior backbone
+
+
 def test_continuous_cvae_is_exactly_inert_at_init(small_setup):
     vocab, _, held_out, base = small_setup
     model = build_cvae(base, vocab, CVAEConfig(latent="continuous", latent_dim=3))
@@ -148,15 +175,30 @@ def test_continuous_cvae_is_exactly_inert_at_init(small_setup):
     assert out.kl.abs().max() == 0
 
 
+@pytest.mark.parametrize("latent", ["discrete", "continuous"])
+def test_cvae_forward_and_backward_under_bf16_autocast(small_setup, latent):
+    "The GPU recipe's dtype path (bf16 autocast around the CVAE, float32 objective), checked on the CPU's autocast."
+    vocab, _, held_out, base = small_setup
+    model = build_cvae(base, vocab, CVAEConfig(latent=latent, K=3, latent_dim=3))
+    with torch.no_grad():
+        ref = model(held_out[:8], torch.Generator().manual_seed(0)) if latent == "continuous" else model(held_out[:8])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(held_out[:8], torch.Generator().manual_seed(0)) if latent == "continuous" else model(held_out[:8])
+    assert out.kl.dtype == torch.float32
+    b, mask = FrozenReference(base).response_surprisal(collate(vocab, held_out[:8]))
+    terms = objective(out.nll.float(), b, mask, 1.0, out.kl, 0.1, ReconstructionLossConfig.theta())
+    terms["loss"].backward()
+    assert torch.isfinite(terms["loss"]) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    torch.testing.assert_close(out.nll.float(), ref.nll, rtol=0.05, atol=0.05)  # bf16 tolerance
+
+
 def test_beta_schedules_and_free_bits():
     assert BetaSchedule("linear", 2.0, warmup_steps=10)(5) == 1.0
     assert BetaSchedule("cyclical", 1.0, period=10, ramp_fraction=0.5)(12) == pytest.approx(0.4)
     kl = torch.tensor([0.0, 0.2])
-    from basedirected.cvae import CVAEOutput
-    out = CVAEOutput(torch.zeros(2, 1), torch.ones(2, 1, dtype=torch.bool), kl, None)
-    assert free_bits_kl(out, 0.5).item() == 0.5 and free_bits_kl(out, 0.0).item() == pytest.approx(0.1)
+    assert free_bits_kl(kl, None, 0.5).item() == 0.5 and free_bits_kl(kl, None, 0.0).item() == pytest.approx(0.1)
     with pytest.raises(ValueError, match="needs a continuous latent"):
-        free_bits_kl(out, 0.5, "dimension")
+        free_bits_kl(kl, None, 0.5, "dimension")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -165,11 +207,14 @@ def test_beta_schedules_and_free_bits():
     (["--token-weighted-reconstruction-alpha", "nan"], "--gamma must be finite"),
     (["--beta", "-0.5"], "--beta must be >= 0"),
     (["--steps", "0"], "--steps must be >= 1"),
+    (["--base-steps", "0"], "--base-steps must be >= 1"),
     (["--K", "0"], "--K must be >= 1"),
     (["--lr", "0"], "--lr must be > 0"),
     (["--lambda-tok", "-1"], "--lambda-tok must be >= 0"),
-    (["--free-bits-mode", "dimension"], "--free-bits-mode dimension needs --latent continuous"),
+    (["--free-bits-mode", "dimension"], "--free-bits-mode 'dimension' needs --latent 'continuous'"),
     (["--tie-fraction", "1.5"], r"--tie-fraction must lie in \[0, 1\]"),
+    (["--seed", str(2**70)], r"--seed must be an integer in \[0, 2\*\*31\)"),
+    (["--n-train", "0"], "--n-train must be >= 1"),
 ])
 def test_option_validation_names_the_option(argv, message):
     with pytest.raises(ValueError, match=message):
@@ -185,6 +230,23 @@ def test_cli_exits_2_with_one_line_before_any_work(tmp_path):
     assert not run_dir.exists()
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "foo"], "device must be 'auto', 'cpu' or 'cuda[:i]', got 'foo'"),
+    (["--gamma", "2", "--token-weighted-reconstruction-alpha", "1"], "set the same option; give only one"),
+])
+def test_cli_refuses_with_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        train_main(argv)
+    assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
+
+
+def test_force_deletes_only_what_the_package_wrote_and_only_in_a_run_directory(tmp_path, capsys):
+    (tmp_path / "precious.txt").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        train_main(["--run-dir", str(tmp_path), "--force"])
+    assert e.value.code == 2 and "is not a run directory" in capsys.readouterr().err and (tmp_path / "precious.txt").exists()
+
+
 def test_original_flag_aliases_map_to_paper_fields():
     a = build_parser().parse_args(["--objective", "celbo", "--normalize-reconstruction-loss",
                                    "--token-weighted-reconstruction-weight", "0.3", "--token-weighted-reconstruction-alpha", "2",
@@ -196,7 +258,23 @@ def test_original_flag_aliases_map_to_paper_fields():
         (0.0, 1.0, 0.3, 2.0, 0.4, 0.1, 0.2)
 
 
+def test_objective_keeps_its_alpha_unless_given():
+    c = config_from_args(build_parser().parse_args(["--objective", "tok_cc"]))
+    assert c.loss.alpha == 0.0 and c.objective == "tok_cc"  # the logged theta term is the preset's, not the CLI default's
+    c = config_from_args(build_parser().parse_args(["--objective", "theta", "--alpha", "0.2"]))
+    assert (c.loss.alpha, c.loss.lambda_dist, c.loss.lambda_tok_cc) == (0.2, 0.2, 0.8)
+
+
 def test_help_documents_options_in_paper_terms():
     text = build_parser().format_help()
     for phrase in ("alpha in [0,1]", "concentration exponent", "--token-weighted-reconstruction-alpha", "KL weight beta"):
         assert phrase in text
+
+
+def test_cli_is_generated_from_the_run_configuration():
+    choices = next(o for o in OPTIONS if o.flag == "--objective").choices
+    assert tuple(choices) == OBJECTIVE_NAMES
+    assert config_from_args(build_parser().parse_args([])) == RunConfig()
+    for o in OPTIONS:  # every option names a real field, and its default is the configuration's
+        if o.path and o.default is ...:
+            assert build_parser().get_default(o.dest) == eval("RunConfig()." + o.path), o.flag
