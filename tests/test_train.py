@@ -214,7 +214,7 @@ def test_beta_schedules_and_free_bits():
     (["--free-bits-mode", "dimension"], "--free-bits-mode 'dimension' needs --latent 'continuous'"),
     (["--tie-fraction", "1.5"], r"--tie-fraction must lie in \[0, 1\]"),
     (["--seed", str(2**70)], r"--seed must be an integer in \[0, 2\*\*31\)"),
-    (["--n-train", "0"], "--n-train must be >= 1"),
+    (["--n-train", "1"], "--n-train must be >= 2"),
 ])
 def test_option_validation_names_the_option(argv, message):
     with pytest.raises(ValueError, match=message):

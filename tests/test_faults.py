@@ -1,0 +1,248 @@
+"""Fault injection: what survives a kill, what a NaN does, what --force removes, damaged files, changed configurations,
+and the errors a user meets on a bad day (each a one-line exit-2 message that names the option or file)."""
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import basedirected.train as train_module
+from basedirected.distributions import categorical_kl, gaussian_kl
+from basedirected.model import collate
+from basedirected.objective import ReconstructionLossConfig, objective
+from basedirected.reconstruction import aggregate
+from basedirected.runs import RunDir, read_log
+from basedirected.tasks import Vocab
+from basedirected.train import NonFiniteError, build_parser, config_from_args, run, train_main
+from basedirected.visiting_order import VisitingOrder
+from basedirected.weights import concentration_factor, reconstruction_weights
+
+TINY = ["--n-train", "600", "--n-eval", "32", "--c-samples", "64", "--base-steps", "40", "--d-model", "32", "--n-layers", "1",
+        "--n-heads", "2", "--d-ff", "64", "--K", "3", "--steps", "8", "--batch-size", "8", "--eval-every", "4", "--checkpoint-every", "4", "--quiet"]
+
+
+def tiny(*extra):
+    return config_from_args(build_parser().parse_args([*TINY, *extra]))
+
+
+def cli(run_dir, *extra, capsys=None):
+    "Exit status and last stderr line of `basedirected-train` in-process."
+    try:
+        code = train_main(["--run-dir", str(run_dir), *TINY, *extra])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err.strip().splitlines() if capsys else []
+    return code, (err[-1] if err else "")
+
+
+def weights_of(path):
+    return torch.load(path, weights_only=True)["model"]
+
+
+# --- kills and resumes -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stop", [1, 3, 4, 6])
+def test_a_run_stopped_at_any_step_resumes_to_the_same_result(tmp_path, stop):
+    cfg = tiny()
+    straight = run(tmp_path / "straight", cfg, device="cpu")
+    run(tmp_path / "cut", cfg, device="cpu", stop_after=stop)
+    assert run(tmp_path / "cut", cfg, device="cpu") == straight
+    a, b = weights_of(tmp_path / "straight" / "checkpoint.pt"), weights_of(tmp_path / "cut" / "checkpoint.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_kill_9_during_training_then_resume_gives_the_uninterrupted_result(tmp_path):
+    args = ["--run-dir", str(tmp_path / "killed"), *TINY, "--steps", "40", "--checkpoint-every", "5", "--eval-every", "20"]
+    code = "import sys; from basedirected.train import train_main; train_main(sys.argv[1:])"
+    p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ck = tmp_path / "killed" / "checkpoint.pt"
+    deadline = time.time() + 120
+    while not ck.exists() and time.time() < deadline and p.poll() is None: time.sleep(0.05)
+    p.send_signal(signal.SIGKILL); p.wait()
+    assert ck.exists(), "the run never wrote a checkpoint"
+    assert train_main(args) == 0  # resumes
+    assert train_main(["--run-dir", str(tmp_path / "straight"), *args[2:]]) == 0
+    a, b = weights_of(ck), weights_of(tmp_path / "straight" / "checkpoint.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    strip = lambda log: [{k: v for k, v in r.items() if k != "examples_per_s"} for r in log]
+    assert strip(read_log(tmp_path / "killed" / "log.jsonl")) == strip(read_log(tmp_path / "straight" / "log.jsonl"))
+
+
+# --- non-finite values ---------------------------------------------------------------------------------------------------
+
+def _poison(monkeypatch, at_steps, value=float("nan")):
+    "Make the CVAE's token losses non-finite at the given (0-based) steps of training."
+    real, seen = train_module.cvae_forward, {"calls": 0}
+    def forward(model, exs, generator=None):
+        out = real(model, exs, generator)
+        if model.training:
+            if seen["calls"] in at_steps: out.nll = out.nll * value
+            seen["calls"] += 1
+        return out
+    monkeypatch.setattr(train_module, "cvae_forward", forward)
+
+
+@pytest.mark.parametrize("bad_step", [2, 3])  # step 4 (0-based 3) is a checkpoint step
+def test_a_nan_step_is_skipped_and_never_reaches_the_weights_or_the_log(tmp_path, monkeypatch, bad_step):
+    _poison(monkeypatch, {bad_step})
+    run(tmp_path, tiny(), device="cpu")
+    log = read_log(tmp_path / "log.jsonl")
+    assert [r["skipped"] for r in log if "skipped" in r] == ["nll"]
+    assert "NaN" not in (tmp_path / "log.jsonl").read_text()
+    assert all(torch.isfinite(v).all() for v in weights_of(tmp_path / "checkpoint.pt").values())
+
+
+def test_too_many_nan_steps_stop_the_run_naming_step_and_term_and_keep_the_checkpoint(tmp_path, monkeypatch, capsys):
+    _poison(monkeypatch, set(range(5, 8)))
+    code, line = cli(tmp_path, "--max-nonfinite-steps", "1", capsys=capsys)
+    assert code == 2 and "step 7: nll is not finite" in line and "last good checkpoint is kept" in line
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 4
+
+
+def test_an_exploding_loss_is_warned_about(tmp_path, monkeypatch):
+    _poison(monkeypatch, {6}, value=1e6)
+    with pytest.warns(UserWarning, match="step 7: loss .* over 100x its running median"):
+        run(tmp_path, tiny("--steps", "12", "--checkpoint-every", "12", "--eval-every", "12"), device="cpu")
+
+
+# --- damaged files --------------------------------------------------------------------------------------------------------
+
+def test_a_partial_last_log_line_is_dropped_and_a_corrupt_middle_line_is_named(tmp_path, capsys):
+    run(tmp_path, tiny(), device="cpu", stop_after=4)
+    with open(tmp_path / "log.jsonl", "a") as f: f.write('{"step": 5, "split": "tr')
+    assert cli(tmp_path, capsys=capsys)[0] == 0
+    lines = (tmp_path / "log.jsonl").read_text().splitlines()
+    lines[2] = "garbage"
+    (tmp_path / "log.jsonl").write_text("\n".join(lines) + "\n")
+    assert cli(tmp_path, capsys=capsys) == (2, f"basedirected-train: error: {tmp_path / 'log.jsonl'} line 3 is not valid JSON; "
+                                                 "the log is damaged (delete the run or rerun with --force)")
+
+
+def test_a_missing_log_with_a_checkpoint_is_an_error_unless_asked(tmp_path, capsys):
+    run(tmp_path, tiny(), device="cpu", stop_after=4)
+    (tmp_path / "log.jsonl").unlink()
+    code, line = cli(tmp_path, capsys=capsys)
+    assert code == 2 and "log.jsonl is missing" in line and "--resume-without-log" in line
+    assert cli(tmp_path, "--resume-without-log", capsys=capsys)[0] == 0
+    assert [r["step"] for r in read_log(tmp_path / "log.jsonl") if r["split"] == "train"] == [5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("checkpoint.pt", b"\x00garbage", "checkpoint.pt is not a readable checkpoint"),
+    ("config.json", b"{ not json", "config.json is not valid JSON"),
+    ("reference_scale.json", b"[1, 2", "reference_scale.json is not valid JSON"),
+    ("reference_scale.json", b"{}", "reference_scale.json lacks the c_theta estimates"),
+])
+def test_damaged_files_are_named_with_a_fix(tmp_path, capsys, name, content, message):
+    run(tmp_path, tiny(), device="cpu", stop_after=4)
+    (tmp_path / name).write_bytes(content)
+    code, line = cli(tmp_path, capsys=capsys)
+    assert code == 2 and message in line and "weights_only" not in line
+
+
+def test_a_truncated_base_is_named(tmp_path, capsys):
+    run(tmp_path, tiny(), device="cpu", stop_after=4)
+    data = (tmp_path / "base.pt").read_bytes()
+    (tmp_path / "base.pt").write_bytes(data[: len(data) // 2])
+    code, line = cli(tmp_path, capsys=capsys)
+    assert code == 2 and "base.pt is not a readable checkpoint" in line
+
+
+def test_resume_refuses_a_checkpoint_of_another_configuration(tmp_path, capsys):
+    run(tmp_path, tiny(), device="cpu", stop_after=4)
+    (tmp_path / "config.json").unlink()  # the only record left of the old configuration is inside the checkpoint
+    code, line = cli(tmp_path, "--alpha", "0.9", capsys=capsys)
+    assert code == 2 and "checkpoint.pt was written by a run with another configuration" in line
+
+
+def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_leaves_no_temporary(tmp_path, monkeypatch, capsys):
+    run(tmp_path, tiny(), device="cpu", stop_after=4)
+    before = (tmp_path / "checkpoint.pt").read_bytes()
+    real_save = torch.save
+    def full_disk(obj, f, *a, **k):
+        if "checkpoint" in str(f): raise OSError(errno.ENOSPC, "No space left on device", str(f))
+        return real_save(obj, f, *a, **k)
+    monkeypatch.setattr(torch, "save", full_disk)
+    code, line = cli(tmp_path, capsys=capsys)
+    assert code == 2 and "No space left on device" in line
+    assert (tmp_path / "checkpoint.pt").read_bytes() == before
+    assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
+
+
+# --- the command line ------------------------------------------------------------------------------------------------------
+
+def test_force_on_a_run_directory_removes_only_what_the_package_wrote(tmp_path, capsys):
+    run(tmp_path, tiny(), device="cpu", stop_after=4)
+    (tmp_path / "notes.txt").write_text("mine")
+    assert cli(tmp_path, "--force", "--steps", "2", capsys=capsys)[0] == 0
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 2
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--force"], "is not a run directory (no config.json); nothing was deleted"),
+    (["--device", "foo"], "device must be 'auto', 'cpu' or 'cuda[:i]', got 'foo'"),
+    (["--seed", str(2**70)], "--seed must be an integer in [0, 2**31)"),
+    (["--n-train", "1"], "--n-train must be >= 2"),
+    (["--K", "1"], "pass --allow-inert"),
+    (["--gamma", "1", "--token-weighted-reconstruction-alpha", "2"], "set the same option; give only one"),
+])
+def test_bad_input_exits_2_before_any_work(tmp_path, capsys, extra, message):
+    (tmp_path / "precious.txt").write_text("x")
+    code, line = cli(tmp_path, *extra, capsys=capsys)
+    assert code == 2 and message in line
+    assert os.listdir(tmp_path) == ["precious.txt"]  # nothing written, nothing deleted
+
+
+def test_a_run_dir_that_is_a_file_or_under_one_is_refused(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    assert cli(tmp_path / "f", capsys=capsys)[1].endswith("is a file, not a directory")
+    assert "is a file, not a directory" in cli(tmp_path / "f" / "run", capsys=capsys)[1]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write to a read-only directory")
+def test_a_read_only_run_dir_is_refused(tmp_path, capsys):
+    d = tmp_path / "ro"; d.mkdir(); d.chmod(0o500)
+    try: assert "is not writable" in cli(d / "run", capsys=capsys)[1]
+    finally: d.chmod(0o700)
+
+
+def test_an_existing_run_with_another_configuration_is_refused(tmp_path, capsys):
+    run(tmp_path, tiny(), device="cpu", stop_after=4)
+    code, line = cli(tmp_path, "--beta", "0.7", capsys=capsys)
+    assert code == 2 and "holds a run with a different configuration" in line
+
+
+# --- the API's gaps ----------------------------------------------------------------------------------------------------------
+
+def test_api_bad_input_raises_value_errors_that_name_the_argument():
+    vocab = Vocab.for_task(VisitingOrder())
+    with pytest.raises(ValueError, match="examples is empty"): collate(vocab, [])
+    with pytest.raises(ValueError, match="q_logits has NaN"): categorical_kl(torch.tensor([[float("nan"), 0.0]]), torch.zeros(1, 2))
+    with pytest.raises(ValueError, match="K >= 1"): categorical_kl(torch.zeros(3, 0), torch.zeros(3, 0))
+    assert torch.isfinite(categorical_kl(torch.tensor([[0.0, float("-inf")]]), torch.zeros(1, 2))).all()
+    with pytest.raises(ValueError, match="mu_q has NaN or inf"): gaussian_kl(*(torch.tensor([[float("nan")]]),) + (torch.zeros(1, 1),) * 3)
+    nll, mask = torch.ones(2, 3), torch.ones(2, 3)
+    with pytest.raises(ValueError, match="example_weight has NaN or inf"): aggregate(nll, nll / 3, mask, torch.tensor([1.0, float("nan")]))
+    with pytest.raises(ValueError, match="kl_for_loss has NaN"):
+        objective(nll, nll, mask, 1.0, torch.zeros(2), 0.1, ReconstructionLossConfig.celbo(), kl_for_loss=torch.tensor(float("inf")))
+    denormal = torch.full((1, 3), 1e-45)
+    assert concentration_factor(denormal, torch.ones(1, 3), 1.0).item() == 1.0
+    assert torch.isfinite(reconstruction_weights(denormal, torch.ones(1, 3), 0.5, 1.0)).all()
+
+
+def test_a_shared_base_is_keyed_by_its_configuration(tmp_path):
+    import dataclasses
+    from basedirected.experiments import PRESETS, execute
+    preset = dataclasses.replace(PRESETS["smoke"], objectives=("celbo",))
+    execute(tmp_path, preset, progress=False)
+    changed = dataclasses.replace(preset, base_steps=preset.base_steps + 5)
+    (record,) = execute(tmp_path, changed, progress=False)
+    for d in (tmp_path / "bases" / "early-s0", tmp_path / "runs" / record["key"]):
+        assert torch.load(d / "base.pt", weights_only=True)["base_config"]["steps"] == changed.base_steps
+        assert json.loads((d / "reference_scale.json").read_text())["base"]["base_config"]["steps"] == changed.base_steps
