@@ -19,7 +19,7 @@ from basedirected.train import build_parser, config_from_args, train_main
 @pytest.fixture(scope="module")
 def smoke_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke")
-    repro_main(["--preset", "smoke", "--out", str(out), "--quiet"])
+    repro_main(["--preset", "smoke", "--out", str(out), "--quiet", "--jobs", "1"])  # one process: bit-identical to a CLI run
     return out
 
 
@@ -44,7 +44,7 @@ def test_rerun_skips_finished_runs(smoke_dir):
 
 
 def test_interrupted_run_resumes(tmp_path):
-    preset = PRESETS["smoke"]
+    preset = dataclasses.replace(PRESETS["smoke"], posteriors=("exact",))
     spec = plan(preset)[0]
     execute(tmp_path, dataclasses.replace(preset, objectives=(spec.objective,)), progress=False)
     run_dir = tmp_path / "runs" / spec.key
@@ -54,7 +54,7 @@ def test_interrupted_run_resumes(tmp_path):
 
 
 def test_a_changed_preset_reruns_its_cells(tmp_path, capsys):
-    preset = dataclasses.replace(PRESETS["smoke"], objectives=("celbo",))
+    preset = dataclasses.replace(PRESETS["smoke"], objectives=("celbo",), posteriors=("exact",))
     execute(tmp_path, preset, progress=False)
     changed = dataclasses.replace(preset, cvae_steps=preset.cvae_steps + 2)
     (record,) = execute(tmp_path, changed, progress=False)
@@ -68,7 +68,7 @@ def test_parallel_runs_match_sequential_runs(tmp_path, smoke_dir):
     for spec in plan(PRESETS["smoke"]):
         a = json.loads((smoke_dir / "runs" / spec.key / "eval.json").read_text())
         b = json.loads((tmp_path / "runs" / spec.key / "eval.json").read_text())
-        assert a["c_ref"] == b["c_ref"]
+        assert a["c_ref"]["value"] == pytest.approx(b["c_ref"]["value"], rel=1e-6)  # one thread per job vs two: round-off only
         for k in ("theta", "std", "kl"):
             assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
 
