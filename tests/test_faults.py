@@ -22,7 +22,7 @@ from basedirected.visiting_order import VisitingOrder
 from basedirected.weights import concentration_factor, reconstruction_weights
 
 TINY = ["--n-train", "600", "--n-eval", "32", "--c-samples", "64", "--base-steps", "40", "--d-model", "32", "--n-layers", "1",
-        "--n-heads", "2", "--d-ff", "64", "--K", "3", "--steps", "8", "--batch-size", "8", "--eval-every", "4", "--checkpoint-every", "4", "--quiet"]
+        "--n-heads", "2", "--d-ff", "64", "--K", "3", "--steps", "8", "--batch-size", "8", "--eval-every", "4", "--checkpoint-every", "4", "--quiet", "--allow-failed-base"]
 
 
 def tiny(*extra):
@@ -246,3 +246,13 @@ def test_a_shared_base_is_keyed_by_its_configuration(tmp_path):
     for d in (tmp_path / "bases" / "early-s0", tmp_path / "runs" / record["key"]):
         assert torch.load(d / "base.pt", weights_only=True)["base_config"]["steps"] == changed.base_steps
         assert json.loads((d / "reference_scale.json").read_text())["base"]["base_config"]["steps"] == changed.base_steps
+
+
+def test_the_cli_refuses_a_base_that_fails_the_quality_gate_unless_asked(tmp_path, capsys):
+    args = [a for a in TINY if a != "--allow-failed-base"]
+    try: code = train_main(["--run-dir", str(tmp_path), *args])
+    except SystemExit as e: code = e.code
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and "fails the quality gate" in line and "--allow-failed-base" in line
+    gate = json.loads((tmp_path / "base_gate.json").read_text())
+    assert gate["passes"] is False and not (tmp_path / "checkpoint.pt").exists()  # no CVAE was trained

@@ -261,3 +261,12 @@ def test_invalid_knobs_are_refused(make, bad, msg):
 def test_example_type():
     e = Addition().generate(1, 0)[0]
     assert isinstance(e, Example) and isinstance(e.x, tuple) and all(isinstance(t, str) for t in e.y)
+
+
+def test_a_re_executed_task_definition_does_not_break_the_json_round_trip():
+    "Documentation tools re-execute exported code; the second class they register must not change what task_from_dict returns."
+    import basedirected.visiting_order as module
+    from basedirected.tasks import task_from_dict
+    task = module.VisitingOrder.late()
+    exec(compile(open(module.__file__).read(), module.__file__, "exec"), {"__name__": module.__name__})
+    assert task_from_dict(task.to_dict()) == task
