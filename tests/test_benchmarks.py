@@ -1,0 +1,17 @@
+"""The benchmark script runs end to end (its figures are printed, never asserted: timing belongs in benchmarks, not tests)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_step_throughput_benchmark_runs_and_writes_its_figures(tmp_path):
+    out = tmp_path / "bench.json"
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "step_throughput.py"), "--steps", "1", "--device", "cpu", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["size"], r["posterior"]) for r in rows} == {(s, q) for s in ("quick", "paper") for q in ("exact", "amortized")}
+    assert all(r["ms_per_step"] > 0 and r["examples_per_s"] > 0 for r in rows)
