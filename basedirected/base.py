@@ -16,8 +16,8 @@ from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, Vocab, batch_indices
 
 # %% auto #0
-__all__ = ['GATE', 'BaseTrainConfig', 'pretrain_base', 'FrozenReference', 'SurprisalCache', 'sample_responses', 'response_budget',
-           'estimate_model_reference_scale', 'gate_report', 'base_gate']
+__all__ = ['GATE', 'GATE_SAMPLES_PER_INPUT', 'BaseTrainConfig', 'pretrain_base', 'FrozenReference', 'SurprisalCache',
+           'sample_responses', 'response_budget', 'estimate_model_reference_scale', 'gate_report', 'base_gate']
 
 # %% ../nbs/06a_base.ipynb #1f00f362
 @dataclass(frozen=True)
@@ -100,11 +100,20 @@ class SurprisalCache:
             self.values[i:i + b.shape[0], :b.shape[1]] = b.cpu()
 
     def lookup(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        "`(b (B, T), mask (B, T))` for the examples at `indices`, T = their longest response."
-        lengths = self.lengths[indices]
-        T = int(lengths.max())
-        mask = torch.arange(T)[None, :] < lengths[:, None]
-        return self.values[indices, :T] * mask, mask
+        "`(b (B, T), mask (B, T))` for the examples at host `indices`, T = their longest response, on the cache's device."
+        idx = torch.as_tensor(indices, dtype=torch.long).cpu()
+        lengths = self.lengths[idx]
+        T = int(lengths.max())  # from the host copy: no device sync
+        dev = self.values.device
+        idx, lengths = idx.to(dev, non_blocking=True), lengths.to(dev, non_blocking=True)
+        mask = torch.arange(T, device=dev)[None, :] < lengths[:, None]
+        return self.values[idx, :T] * mask, mask
+
+    def to(self, device: str | torch.device) -> "SurprisalCache":
+        "This cache with its values on `device` (the lengths stay on the host, so a lookup needs no device sync)."
+        moved = object.__new__(SurprisalCache)
+        moved.values, moved.lengths = self.values.to(device), self.lengths
+        return moved
 
     def subset(self, n: int) -> "SurprisalCache":
         "The first `n` examples of this cache."
@@ -114,7 +123,7 @@ class SurprisalCache:
 
     def base_means(self) -> torch.Tensor:
         "$b_\\theta(x,y)$ for every cached example (observed $y$)."
-        return self.values.sum(-1) / self.lengths
+        return self.values.sum(-1).cpu() / self.lengths
 
 # %% ../nbs/06a_base.ipynb #22420e4f
 @torch.no_grad()
@@ -186,12 +195,17 @@ def gate_report(task, xs: list, ys: list, base_per_token: float, ideal_per_token
     return r
 
 # %% ../nbs/06a_base.ipynb #9a9d33d2
+GATE_SAMPLES_PER_INPUT = 4  # responses sampled per held-out input (see the simulation below)
+
 def base_gate(base: CausalLM, vocab: Vocab, task, held_out: list[Example], cache: SurprisalCache, n: int = 256, seed: int = 0,
-              device: str | torch.device = "cpu") -> dict:
-    "The quality gate of a base model on (up to `n`) held-out inputs: sampled answers, strategy mixture, surprisal vs ideal."
+              device: str | torch.device = "cpu", samples_per_input: int = GATE_SAMPLES_PER_INPUT) -> dict:
+    "The quality gate of a base model on (up to `n`) held-out inputs, `samples_per_input` samples each: sampled answers, strategy mixture, surprisal vs ideal."
+    if samples_per_input < 1: raise ValueError(f"samples_per_input must be >= 1, got {samples_per_input}")
     exs = held_out[:n]
-    ys, _, _ = sample_responses(base, vocab, [e.x for e in exs], max_len=response_budget(exs), seed=seed, device=device)
+    xs = [e.x for e in exs for _ in range(samples_per_input)]
+    ys, _, _ = sample_responses(base, vocab, xs, max_len=response_budget(exs), seed=seed, device=device)
     b, mask = cache.subset(len(exs)).lookup(torch.arange(len(exs)))
     ideal = [task.ideal_surprisal(e) for e in exs]
     ideal_per_token = None if any(i is None for i in ideal) else sum(map(sum, ideal)) / mask.sum().item()  # </y> costs 0
-    return gate_report(task, [e.x for e in exs], ys, (b * mask).sum().item() / mask.sum().item(), ideal_per_token)
+    report = gate_report(task, xs, ys, (b * mask).sum().item() / mask.sum().item(), ideal_per_token)
+    return {**report, "n_inputs": len(exs), "samples_per_input": samples_per_input}

@@ -6,14 +6,15 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 from numbers import Real
 
 import torch
 
 # %% auto #0
-__all__ = ['NEGATIVE_SURPRISAL_TOLERANCE', 'check_unit_interval', 'check_nonnegative', 'check_positive', 'check_batch',
-           'masked_fill_zero', 'masked_mean', 'reference_dtype', 'autocast_disabled']
+__all__ = ['NEGATIVE_SURPRISAL_TOLERANCE', 'check_unit_interval', 'check_nonnegative', 'check_positive', 'value_checks_enabled',
+           'trusted_values', 'check_batch', 'masked_fill_zero', 'masked_mean', 'reference_dtype', 'autocast_disabled']
 
 # %% ../nbs/00_conventions.ipynb #008da8f7
 def _as_float(value,    # a Python real or a one-element tensor
@@ -56,6 +57,20 @@ def check_positive(value,     # scalar, e.g. the reference scale c_ref
     return v
 
 # %% ../nbs/00_conventions.ipynb #95429154
+_VALUE_CHECKS = contextvars.ContextVar("basedirected_value_checks", default=True)
+
+def value_checks_enabled() -> bool:
+    "Whether checks that read tensor values on the host run (True unless inside `trusted_values()`)."
+    return _VALUE_CHECKS.get()
+
+@contextlib.contextmanager
+def trusted_values():
+    "Switch off the host-reading value checks inside the block (the caller vouches for its tensors); shapes are still checked."
+    token = _VALUE_CHECKS.set(False)
+    try: yield
+    finally: _VALUE_CHECKS.reset(token)
+
+# %% ../nbs/00_conventions.ipynb #001cfacf
 NEGATIVE_SURPRISAL_TOLERANCE = 1e-4  # log-softmax round-off stays far below this
 
 def check_batch(mask: torch.Tensor,      # (B, T) 0/1 or bool, 1 on supervised response tokens
@@ -64,15 +79,17 @@ def check_batch(mask: torch.Tensor,      # (B, T) 0/1 or bool, 1 on supervised r
     "Validate `(B, T)` tensors against a 0/1 `mask`; return the mask as bool."
     if not isinstance(mask, torch.Tensor): raise ValueError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
     if mask.dim() != 2: raise ValueError(f"mask must have shape (B, T), got {tuple(mask.shape)}")
+    checks = value_checks_enabled()
     if mask.dtype != torch.bool:
-        if not bool(((mask == 0) | (mask == 1)).all()): raise ValueError("mask must be binary (0/1)")
+        if checks and not bool(((mask == 0) | (mask == 1)).all()): raise ValueError("mask must be binary (0/1)")
         mask = mask != 0
     for name, x in tensors.items():
         if not isinstance(x, torch.Tensor): raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.shape != mask.shape: raise ValueError(f"{name} has shape {tuple(x.shape)} but mask has shape {tuple(mask.shape)}")
         if x.device != mask.device: raise ValueError(f"{name} is on {x.device} but mask is on {mask.device}")
         if not x.is_floating_point(): raise ValueError(f"{name} must be a floating tensor, got {x.dtype}")
-        if not bool(torch.isfinite(x.detach()[mask]).all()): raise ValueError(f"{name} has NaN or inf on supervised positions")
+        if checks and not bool(torch.isfinite(x.detach()[mask]).all()): raise ValueError(f"{name} has NaN or inf on supervised positions")
+    if not checks: return mask
     empty = (~mask.any(dim=-1)).nonzero().flatten().tolist()
     if empty: raise ValueError(f"rows {empty} of mask have no supervised token")
     return mask

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from .distributions import categorical_kl, gaussian_kl
-from .model import Batch, CausalLM, collate, gather_response, layout_tokens
+from .model import Batch, CausalLM, Rows, as_rows, gather_response, layout_tokens
 from .objective import ReconstructionLossConfig, loss_token_weights
 from .surprisal import token_surprisal
 from .tasks import Example, Vocab
@@ -99,23 +99,24 @@ class DiscreteCVAE(nn.Module):
             noise = torch.randn(config.K, null.shape[0], generator=torch.Generator().manual_seed(seed))
             emb[self.code_ids] = null + config.code_init_noise * null.norm() / null.shape[0] ** 0.5 * noise.to(emb)
 
-    def posterior_logits(self, examples: list[Example]) -> torch.Tensor:
+    def posterior_logits(self, examples: list[Example] | Rows) -> torch.Tensor:
         "Logits of $q_\\xi(z|x,y)$, `(B, K)`."
-        return self.posterior_head(pooled_hidden(self.posterior, collate(self.vocab, examples).to(_device(self))))
+        return self.posterior_head(pooled_hidden(self.posterior, as_rows(self.vocab, examples, _device(self)).base))
 
-    def forward(self, examples: list[Example]) -> CVAEOutput:
+    def forward(self, examples: list[Example] | Rows) -> CVAEOutput:
         "Exact posterior expectation over the K codes, the router and the KL."
-        B, K = len(examples), self.config.K
-        gen = collate(self.vocab, [e for e in examples for _ in range(K)], self.codes * B).to(_device(self))
+        rows = as_rows(self.vocab, examples, _device(self))
+        B, K = len(rows), self.config.K
+        gen = rows.with_codes(self.code_ids)
         logits = self.generator(gen.ids, gen.attention_mask)
         per_code, mask = gather_response(token_surprisal(logits, gen.ids), gen)
         per_code, mask = per_code.view(B, K, -1), mask.view(B, K, -1)[:, 0]
         # r(z|x): the generator's next-token logits at <z>, restricted to the codes (rows k = 0 of each example)
-        at_z = logits.view(B, K, logits.shape[1], -1)[torch.arange(B), 0, gen.latent_position.view(B, K)[:, 0] - 1]
+        at_z = logits.view(B, K, logits.shape[1], -1)[torch.arange(B, device=logits.device), 0, gen.latent_position.view(B, K)[:, 0] - 1]
         r_logits = at_z[:, self.code_ids].float()
         out = CVAEOutput(None, mask, None, None, r=torch.softmax(r_logits, -1), nll_per_code=per_code, r_logits=r_logits)
         if self.config.posterior == "exact": return out  # q* needs the objective: see `posterior_forward`
-        out.q_logits = self.posterior_logits(examples).float()
+        out.q_logits = self.posterior_logits(rows).float()
         return with_posterior(out, out.q_logits)
 
 # %% ../nbs/07_cvae.ipynb #3d30e6a0
@@ -132,13 +133,14 @@ class ContinuousCVAE(nn.Module):
         self.generator = copy.deepcopy(base).train().requires_grad_(True)
         self.posterior = copy.deepcopy(base).train().requires_grad_(True)
         self.posterior_head, self.router_head, self.inject = nn.Linear(d, 2 * D), nn.Linear(d, 2 * D), nn.Linear(D, d, bias=False)
+        self.register_buffer("null_ids", torch.tensor([vocab.id("<znull>")]), persistent=False)
         for lin in (self.posterior_head, self.router_head, self.inject):
             nn.init.zeros_(lin.weight)
             if lin.bias is not None: nn.init.zeros_(lin.bias)
 
-    def posterior_params(self, examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+    def posterior_params(self, examples: list[Example] | Rows) -> tuple[torch.Tensor, torch.Tensor]:
         "$(\\mu_q, \\log\\sigma_q^2)$, each `(B, D)`."
-        out = self.posterior_head(pooled_hidden(self.posterior, collate(self.vocab, examples).to(_device(self)))).float()
+        out = self.posterior_head(pooled_hidden(self.posterior, as_rows(self.vocab, examples, _device(self)).base)).float()
         return out.chunk(2, -1)
 
     def decode(self, batch: Batch, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -146,20 +148,22 @@ class ContinuousCVAE(nn.Module):
         inj = self.inject(z.to(self.inject.weight.dtype))
         # the injection's dtype follows autocast (bf16 on a GPU): the buffer takes it, the backbone casts it
         extra = torch.zeros(*batch.ids.shape, inj.shape[-1], device=batch.ids.device, dtype=inj.dtype)
-        extra[torch.arange(len(z)), batch.latent_position] = inj
+        rows = torch.arange(len(z), device=inj.device)  # on the device: a host index would be a blocking copy
+        extra[rows, batch.latent_position] = inj
         logits, h = self.generator(batch.ids, batch.attention_mask, extra_embeddings=extra, return_hidden=True)
         nll, mask = gather_response(token_surprisal(logits, batch.ids), batch)
         # r(z|x) reads the hidden state at <z>, which precedes the injected position: z cannot leak into its own prior
-        mu_r, logvar_r = self.router_head(h[torch.arange(len(z)), batch.latent_position - 1]).float().chunk(2, -1)
+        mu_r, logvar_r = self.router_head(h[rows, batch.latent_position - 1]).float().chunk(2, -1)
         return nll, mask, mu_r, logvar_r
 
-    def forward(self, examples: list[Example], generator: torch.Generator | None = None) -> CVAEOutput:
+    def forward(self, examples: list[Example] | Rows, generator: torch.Generator | None = None) -> CVAEOutput:
         "Reparameterized posterior expectation (`n_samples` draws) and the analytic KL."
-        B, S, D = len(examples), self.config.n_samples, self.config.latent_dim
-        mu_q, logvar_q = self.posterior_params(examples)
-        eps = torch.randn(B, S, D, generator=generator, device="cpu" if generator is None else generator.device).to(mu_q)
+        rows = as_rows(self.vocab, examples, _device(self))
+        B, S, D = len(rows), self.config.n_samples, self.config.latent_dim
+        mu_q, logvar_q = self.posterior_params(rows)
+        eps = torch.randn(B, S, D, generator=generator, device="cpu" if generator is None else generator.device).to(mu_q, non_blocking=True)
         z = (mu_q[:, None] + (0.5 * logvar_q[:, None]).exp() * eps).reshape(B * S, D)
-        gen = collate(self.vocab, [e for e in examples for _ in range(S)], ["<znull>"] * (B * S)).to(_device(self))
+        gen = rows.with_codes(self.null_ids.expand(S))  # S copies of each row, <znull> in the code slot
         per_sample, mask, mu_r, logvar_r = self.decode(gen, z)
         nll = per_sample.view(B, S, -1).float().mean(1)
         mu_r, logvar_r = mu_r.view(B, S, D)[:, 0], logvar_r.view(B, S, D)[:, 0]  # the router does not depend on z

@@ -9,11 +9,14 @@ import math
 
 import torch
 
+from .conventions import value_checks_enabled
+
 # %% auto #0
 __all__ = ['categorical_kl', 'gaussian_kl', 'gaussian_log_density']
 
 # %% ../nbs/03a_distributions.ipynb #9d6813ac
 def _check_finite_or_neg_inf(x: torch.Tensor, name: str):
+    if not value_checks_enabled(): return
     if torch.isnan(x).any() or torch.isposinf(x).any(): raise ValueError(f"{name} has NaN or +inf")
 
 def categorical_kl(q_logits: torch.Tensor,  # logits of q(z|x,y), (B, K)
@@ -39,7 +42,7 @@ def gaussian_kl(mu_q: torch.Tensor,      # posterior means, (B, D)
     shapes = {tuple(t.shape) for t in (mu_q, logvar_q, mu_r, logvar_r)}
     if len(shapes) != 1: raise ValueError(f"mu_q, logvar_q, mu_r, logvar_r must share one shape, got {sorted(shapes)}")
     for name, t in dict(mu_q=mu_q, logvar_q=logvar_q, mu_r=mu_r, logvar_r=logvar_r).items():
-        if not bool(torch.isfinite(t.detach()).all()): raise ValueError(f"{name} has NaN or inf")
+        if value_checks_enabled() and not bool(torch.isfinite(t.detach()).all()): raise ValueError(f"{name} has NaN or inf")
     mu_q, logvar_q, mu_r, logvar_r = (t.float() for t in (mu_q, logvar_q, mu_r, logvar_r))
     per_dim = 0.5 * (logvar_r - logvar_q) + (logvar_q.exp() + (mu_q - mu_r) ** 2) / (2 * logvar_r.exp()) - 0.5
     return per_dim.sum(-1)

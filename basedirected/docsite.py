@@ -52,6 +52,10 @@ def execute_notebook(src: Path, dst: Path, timeout: int = 900, threads: int | No
     if threads:  # the kernel inherits this: parallel kernels must not oversubscribe the cores (OpenMP spin-waits)
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"): os.environ[var] = str(threads)
     nb = nbformat.read(src, as_version=4)
+    import torch
+    if not torch.cuda.is_available():  # GPU cells (`#| cuda`) are shown unexecuted on a machine without one
+        for c in nb.cells:
+            if c.cell_type == "code" and re.search(r"^#\|\s*cuda\b", c.source, flags=re.M): c.metadata.setdefault("tags", []).append("skip-execution")
     NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(Path(src).parent)}}).execute()
     tmp = Path(dst).with_suffix(".tmp")
     nbformat.write(nb, tmp); os.replace(tmp, dst)

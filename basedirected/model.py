@@ -17,7 +17,7 @@ from .tasks import Example, Vocab
 
 # %% auto #0
 __all__ = ['CausalLM', 'ModelConfig', 'Block', 'TinyCausalLM', 'layout_tokens', 'Batch', 'collate', 'gather_response',
-           'response_nll']
+           'response_nll', 'Rows', 'EncodedExamples', 'as_rows']
 
 # %% ../nbs/06_model.ipynb #a4b20416
 @runtime_checkable
@@ -100,9 +100,11 @@ class Batch:
     response_start: torch.Tensor  # (B,) index of the first response token
     response_len: torch.Tensor    # (B,) T_y: response tokens and the closing </y>
     latent_position: torch.Tensor # (B,) index of the latent-control token c, or -1 in the base layout
+    width: int | None = None      # max(response_len) as a host int, so gathering needs no device sync (None: read it)
 
-    def to(self, device):
-        return Batch(*(getattr(self, f).to(device) for f in ("ids", "attention_mask", "response_start", "response_len", "latent_position")))
+    def to(self, device, non_blocking: bool = False):
+        return Batch(*(getattr(self, f).to(device, non_blocking=non_blocking)
+                       for f in ("ids", "attention_mask", "response_start", "response_len", "latent_position")), self.width)
 
 # %% ../nbs/06_model.ipynb #1e8a19e6
 def collate(vocab: Vocab, examples: list[Example], codes: list[str] | None = None) -> Batch:
@@ -116,12 +118,12 @@ def collate(vocab: Vocab, examples: list[Example], codes: list[str] | None = Non
     shift = 0 if codes is None else 3
     start = torch.tensor([len(e.x) + 4 + shift for e in examples])
     return Batch(ids, ids != 0, start, torch.tensor([len(e.y) + 1 for e in examples]),  # y... and </y>
-                 torch.tensor([len(e.x) + 4 if codes is not None else -1 for e in examples]))
+                 torch.tensor([len(e.x) + 4 if codes is not None else -1 for e in examples]), max(len(e.y) for e in examples) + 1)
 
 # %% ../nbs/06_model.ipynb #6566df95
 def gather_response(per_position: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     "Next-token values `(B, L-1)` -> response coordinates `(B, T)` and the supervision mask `(B, T)`."
-    T = int(batch.response_len.max())
+    T = batch.width if batch.width is not None else int(batch.response_len.max())
     t = torch.arange(T, device=per_position.device)
     mask = t[None, :] < batch.response_len[:, None]
     # response token j sits at start + j and is predicted at position start + j - 1
@@ -132,3 +134,52 @@ def response_nll(model: CausalLM, batch: Batch, extra_embeddings=None) -> tuple[
     "Per-token loss $-\\log p(y_t|\\ldots)$ of the response in response coordinates, and its mask."
     logits = model(batch.ids, batch.attention_mask, extra_embeddings=extra_embeddings)
     return gather_response(token_surprisal(logits, batch.ids), batch)
+
+# %% ../nbs/06_model.ipynb #80c506d9
+@dataclass
+class Rows:
+    "Selected examples in both layouts, ready for the models: `base` (posterior, reference) and `gen` (`<znull>` in the code slot)."
+    base: Batch
+    gen: Batch
+    def __len__(self): return self.base.ids.shape[0]
+
+    def with_codes(self, code_ids: torch.Tensor) -> Batch:
+        "Generator rows for every code: row `b K + k` is example `b` with code `code_ids[k]` (the order `collate` uses)."
+        K, g = len(code_ids), self.gen
+        rep = lambda t: t.repeat_interleave(K, 0)
+        ids, pos = rep(g.ids).clone(), rep(g.latent_position)
+        ids[torch.arange(len(ids), device=ids.device), pos] = code_ids.to(ids.device).repeat(len(self))
+        return Batch(ids, rep(g.attention_mask), rep(g.response_start), rep(g.response_len), pos, g.width)
+
+def _take(batch: Batch, idx: torch.Tensor, length: int, width: int) -> Batch:
+    return Batch(batch.ids[idx, :length], batch.attention_mask[idx, :length], batch.response_start[idx],
+                 batch.response_len[idx], batch.latent_position[idx], width)
+
+class EncodedExamples:
+    "A dataset encoded once into both layouts on one device; `select(indices)` gathers a minibatch with no Python collation."
+    def __init__(self, vocab: Vocab, examples: list[Example], device: str | torch.device = "cpu"):
+        if not examples: raise ValueError("examples is empty: nothing to encode")
+        base, gen = collate(vocab, examples), collate(vocab, examples, ["<znull>"] * len(examples))
+        # host copies of the lengths: a selection's width is read without touching the device
+        self.base_len, self.gen_len = base.attention_mask.sum(1), gen.attention_mask.sum(1)
+        self.response_len = base.response_len.clone()
+        self.base, self.gen = base.to(device), gen.to(device)
+        self.device = torch.device(device)
+
+    def __len__(self): return len(self.base_len)
+
+    def select(self, indices) -> Rows:
+        "The examples at `indices` (host ints or a CPU tensor), trimmed to their longest row."
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        if idx.numel() == 0: raise ValueError("indices is empty: a batch needs at least one example")
+        if int(idx.min()) < -len(self) or int(idx.max()) >= len(self): raise IndexError(f"indices must lie in [0, {len(self)}), got {idx.tolist()}")
+        width = int(self.response_len[idx].max())
+        on_device = idx.to(self.device, non_blocking=True)
+        return Rows(_take(self.base, on_device, int(self.base_len[idx].max()), width),
+                    _take(self.gen, on_device, int(self.gen_len[idx].max()), width))
+
+def as_rows(vocab: Vocab, examples, device) -> Rows:
+    "`examples` as `Rows` on `device`: selected rows pass through; an `Example` list is collated here (the slow path)."
+    if isinstance(examples, Rows): return examples
+    examples = list(examples)
+    return Rows(collate(vocab, examples).to(device), collate(vocab, examples, ["<znull>"] * len(examples)).to(device))

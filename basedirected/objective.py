@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 
-from .conventions import check_nonnegative, check_unit_interval
+from .conventions import check_nonnegative, check_unit_interval, value_checks_enabled
 from .reconstruction import TERM_NAMES, TERM_SPECS, reconstruction_terms, resolve_term
 from .weights import reference_weights
 
@@ -165,8 +165,8 @@ def objective(nll: torch.Tensor,       # E_q[l_t], (B, T) response coordinates
     "Training loss $\\sum_k \\lambda_k R_k + \\beta\\,\\mathrm{KL}$ and every term for logging."
     beta = check_nonnegative(beta, "beta")
     if kl.dim() != 1 or kl.shape[0] != nll.shape[0]: raise ValueError(f"kl must have shape ({nll.shape[0]},), got {tuple(kl.shape)}")
-    if not bool(torch.isfinite(kl.detach()).all()): raise ValueError("kl has NaN or inf")
-    if kl_for_loss is not None and not bool(torch.isfinite(kl_for_loss.detach()).all()): raise ValueError("kl_for_loss has NaN or inf")
+    if value_checks_enabled() and not bool(torch.isfinite(kl.detach()).all()): raise ValueError("kl has NaN or inf")
+    if kl_for_loss is not None and value_checks_enabled() and not bool(torch.isfinite(kl_for_loss.detach()).all()): raise ValueError("kl_for_loss has NaN or inf")
     terms = reconstruction_terms(nll, base_nll, mask, c_ref, alpha=config.alpha, gamma=config.gamma,
                                  token_reduction=config.token_reduction, topk_fraction=config.topk_fraction,
                                  mean_one_lambda=config.mean_one_lambda)

@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from .base import BaseTrainConfig, FrozenReference, SurprisalCache, base_gate, estimate_model_reference_scale, pretrain_base
+from .base import (GATE_SAMPLES_PER_INPUT, BaseTrainConfig, FrozenReference, SurprisalCache, base_gate,
+                               estimate_model_reference_scale, pretrain_base)
 from .conventions import check_nonnegative, check_positive, check_unit_interval
 from .cvae import CVAEConfig, build_cvae
-from .model import ModelConfig, TinyCausalLM
+from .model import EncodedExamples, ModelConfig, TinyCausalLM
 from .objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig
 from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, Task, Vocab, make_splits, task_from_dict
@@ -256,7 +257,7 @@ def prepare_gate(run_dir: Path, base, vocab, config: RunConfig, held_out: list[E
     path = RunDir(run_dir).gate
     if path.exists():
         d = read_json(path)
-        if _same(d.get("base"), _base_key(config)): return d
+        if _same(d.get("base"), _base_key(config)) and d.get("samples_per_input") == GATE_SAMPLES_PER_INPUT: return d
     cache = SurprisalCache(FrozenReference(base), vocab, held_out[:256], device=device)
     gate = {**base_gate(base, vocab, config.task, held_out, cache, device=device), "base": _base_key(config)}
     atomic_write_json(path, gate)
@@ -275,7 +276,13 @@ class Run:
     c_ref = property(lambda self: self.scale.value)
 
     @cached_property
-    def train_cache(self) -> SurprisalCache: return SurprisalCache(self.reference, self.vocab, self.train, device=self.device)
+    def train_cache(self) -> SurprisalCache:
+        "$b_t$ of the training split, resident on the run's device (a step looks rows up without a copy)."
+        return SurprisalCache(self.reference, self.vocab, self.train, device=self.device).to(self.device)
+    @cached_property
+    def train_rows(self) -> EncodedExamples:
+        "The training split encoded once on the run's device; a step selects its minibatch by index."
+        return EncodedExamples(self.vocab, self.train, self.device)
     @cached_property
     def eval_cache(self) -> SurprisalCache: return SurprisalCache(self.reference, self.vocab, self.held_out, device=self.device)
 

@@ -32,8 +32,7 @@ def _share(log_b: torch.Tensor,   # log surprisal, (B, T); -inf where b = 0
           ) -> torch.Tensor:      # normalized b^exponent, rows sum to 1, zero off the mask, (B, T)
     "Masked softmax of `exponent * log_b`: normalized $b^{\\text{exponent}}$; all-`-inf` rows become uniform."
     if exponent == 0: return uniform_weights(mask, log_b.dtype)
-    neg_inf = torch.tensor(-math.inf, dtype=log_b.dtype, device=log_b.device)
-    logits = torch.where(mask, exponent * log_b, neg_inf)
+    logits = (exponent * log_b).masked_fill(~mask, -math.inf)  # a fill, not a host tensor: no copy to the device
     degenerate = ~torch.isfinite(logits).any(-1, keepdim=True)
     logits = torch.where(degenerate & mask, torch.zeros_like(logits), logits)
     return torch.softmax(logits, dim=-1)

@@ -1,34 +1,41 @@
 """Training-step throughput of one CVAE run, and what the objective's bookkeeping costs.
 
-Prints, for the quick and paper model sizes on the current device: milliseconds per step and examples per second of
-(a) the package's training step (`train_step`: every reconstruction term, the KL, the exact or amortized posterior, one
-log record with every term as a Python float), (b) a plain token-mean cELBO step on the same model and batch (one
-loss, one synced float), and (c) the package's step with the frozen reference recomputed every step instead of the
-cache. Ratios are within one run of this script, so machine noise affects them less than the absolute figures.
+Prints, for the quick and paper model sizes on the current device, milliseconds per step, examples/s, run-steps/min and
+tokens/s of:
+  step        the package's training step (`train_step`: device-resident data, every reconstruction term, the KL, the exact
+              or amortized posterior, one host sync carrying every logged term);
+  collated    the same step with the minibatch collated from Python `Example` lists every step (the old data path);
+  plain       a token-mean cELBO step on the same model and batch (one loss, one synced float): the bookkeeping baseline;
+  recompute   the step with the frozen reference run every step instead of the cache;
+  compiled    (CUDA, or --compile) the step with the backbones under `torch.compile`; the compile time is reported apart.
+On CUDA it also prints the peak memory, host synchronizations per step (`torch.cuda.set_sync_debug_mode`), and the model
+FLOP utilisation: 6 x backbone parameters x tokens per step, against the chip's dense bf16 peak (--peak-tflops, known
+for H100/H200). Ratios are within one run of this script, so machine noise affects them less than absolute figures.
+Groups of N runs trained in one process are not implemented in this version, so no N-run figures are printed.
 
-    python benchmarks/step_throughput.py [--steps 30] [--out bench.json]
+    python benchmarks/step_throughput.py [--steps 30] [--device auto] [--compile] [--out bench.json]
 
 The base model is randomly initialized (throughput does not depend on training); nothing is written unless --out.
 """
 import argparse
-import dataclasses
 import json
 import platform
 import tempfile
 import time
+import warnings
 
 import torch
 
 from basedirected.base import BaseTrainConfig
-from basedirected.cvae import CVAEConfig, build_cvae, cvae_forward
-from basedirected.model import ModelConfig, TinyCausalLM
+from basedirected.cvae import CVAEConfig, build_cvae, cvae_forward, exact_objective
+from basedirected.model import ModelConfig, TinyCausalLM, as_rows
 from basedirected.runs import Run, RunConfig, RunDir, TrainConfig, resolve_device, run_vocab
 from basedirected.surprisal import ReferenceScale
 from basedirected.tasks import batch_indices, make_splits
-from basedirected.train import train_step
-from basedirected.visiting_order import VisitingOrder
+from basedirected.train import compile_cvae, train_step
 
 SIZES = {"quick": (ModelConfig(), 32, 4), "paper": (ModelConfig(d_model=128, n_layers=4, n_heads=4, d_ff=512), 64, 6)}
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}  # dense bf16, vendor figures
 
 
 def make_run(size: str, posterior: str, device, recompute: bool = False) -> Run:
@@ -40,57 +47,125 @@ def make_run(size: str, posterior: str, device, recompute: bool = False) -> Run:
     torch.manual_seed(0)
     base = TinyCausalLM(len(vocab), model_cfg).to(device).eval()
     model = build_cvae(base, vocab, cfg.cvae).to(device)
-    return Run(RunDir(tempfile.mkdtemp()), cfg, device, vocab, train, held_out, base, ReferenceScale(0.3, 0.01, 100, "model"), model)
+    run = Run(RunDir(tempfile.mkdtemp()), cfg, device, vocab, train, held_out, base, ReferenceScale(0.3, 0.01, 100, "model"), model)
+    run.train_cache, run.train_rows  # built once, outside the timing
+    return run
+
+
+class CollatingRows:
+    "The old data path: every step collates its `Example` list in Python and copies it to the device."
+    def __init__(self, run: Run): self.run = run
+    def __len__(self): return len(self.run.train)
+    def select(self, idx): return as_rows(self.run.vocab, [self.run.train[i] for i in idx], self.run.device)
 
 
 def plain_celbo_step(run: Run, opt, step: int, beta: float) -> float:
     "A token-mean cELBO step with nothing else: one loss, one synced float."
-    idx = batch_indices(len(run.train), run.config.train.batch_size, 0, step)
-    exs = [run.train[i] for i in idx]
+    rows = run.train_rows.select(batch_indices(len(run.train), run.config.train.batch_size, 0, step))
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=run.device.type == "cuda"):
-        out = cvae_forward(run.model, exs)
+        out = cvae_forward(run.model, rows)
     mask = out.mask
-    loss = ((out.nll.float() * mask).sum(-1) / mask.sum(-1)).mean() + beta * out.kl.mean()
+    if out.nll is None:  # exact posterior: the cELBO at q*, -beta log sum_k r_k exp(-L_k / beta) with token-mean L_k
+        code_loss = (out.nll_per_code.float() * mask[:, None]).sum(-1) / mask.sum(-1)[:, None]
+        loss = exact_objective(code_loss, out.r_logits, beta).mean()
+    else: loss = ((out.nll.float() * mask).sum(-1) / mask.sum(-1)).mean() + beta * out.kl.mean()
     opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
     return loss.item()
 
 
-def timed(fn, steps: int, warmup: int = 5) -> float:
+def sync(device):
+    if device.type == "cuda": torch.cuda.synchronize()
+
+
+def timed(fn, steps: int, device, warmup: int = 5) -> float:
     for s in range(warmup): fn(s)
-    if torch.cuda.is_available(): torch.cuda.synchronize()
+    sync(device)
     t0 = time.perf_counter()
     for s in range(warmup, warmup + steps): fn(s)
-    if torch.cuda.is_available(): torch.cuda.synchronize()
+    sync(device)
     return (time.perf_counter() - t0) / steps
+
+
+def tokens_per_step(run: Run, steps: int = 20) -> float:
+    "Mean real tokens one step runs through a backbone: K (or n_samples) generator rows per example, plus the posterior's row."
+    c = run.config.cvae
+    gen_rows = c.K if c.latent == "discrete" else c.n_samples
+    post = 0 if c.posterior == "exact" else 1
+    n = 0
+    for s in range(steps):
+        idx = batch_indices(len(run.train), run.config.train.batch_size, 0, s)
+        n += gen_rows * int(run.train_rows.gen_len[idx].sum()) + post * int(run.train_rows.base_len[idx].sum())
+    return n / steps
+
+
+def syncs_per_step(run: Run, opt, steps: int = 4) -> float:
+    "Host synchronizations per training step, counted by CUDA's sync debug mode."
+    sync(run.device)
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for s in range(steps): train_step(run, opt, 1000 + s, 0.1, 1e-4)
+    finally: torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message).lower() for w in caught) / steps
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=30); p.add_argument("--device", default="auto"); p.add_argument("--out", default=None)
+    p.add_argument("--compile", action="store_true", help="also time compiled backbones (default on CUDA)")
+    p.add_argument("--sizes", default="quick,paper"); p.add_argument("--peak-tflops", type=float, default=None)
     a = p.parse_args()
     device = resolve_device(a.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    peak = a.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if name and k in name), None)
+    do_compile = a.compile or device.type == "cuda"
     rows = []
-    for size in SIZES:
+    for size in a.sizes.split(","):
         for posterior in ("exact", "amortized"):
             run = make_run(size, posterior, device)
-            run.train_cache  # built once, outside the timing
             opt = torch.optim.AdamW(run.model.parameters(), lr=1e-4)
-            full = timed(lambda s: json.dumps(train_step(run, opt, s, 0.1, 1e-4)), a.steps)
-            plain = timed(lambda s: plain_celbo_step(run, opt, s, 0.1), a.steps) if posterior == "amortized" else float("nan")
+            if device.type == "cuda": torch.cuda.reset_peak_memory_stats(device)
+            full = timed(lambda s: json.dumps(train_step(run, opt, s, 0.1, 1e-4)), a.steps, device)
+            peak_mem = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+            n_sync = syncs_per_step(run, opt) if device.type == "cuda" else None
+            plain = timed(lambda s: plain_celbo_step(run, opt, s, 0.1), a.steps, device)
+            fast_rows, run.train_rows = run.train_rows, CollatingRows(run)
+            collated = timed(lambda s: json.dumps(train_step(run, opt, s, 0.1, 1e-4)), a.steps, device)
+            run.train_rows = fast_rows
             rec = make_run(size, posterior, device, recompute=True)
             opt_r = torch.optim.AdamW(rec.model.parameters(), lr=1e-4)
-            recompute = timed(lambda s: json.dumps(train_step(rec, opt_r, s, 0.1, 1e-4)), a.steps)
-            batch = run.config.train.batch_size
-            rows.append({"size": size, "posterior": posterior, "batch": batch, "K": run.config.cvae.K,
-                         "ms_per_step": 1e3 * full, "examples_per_s": batch / full, "plain_celbo_ms": 1e3 * plain,
-                         "bookkeeping_overhead": full / plain - 1 if plain == plain else None,
-                         "recompute_reference_ms": 1e3 * recompute, "recompute_overhead": recompute / full - 1})
-            r = rows[-1]
-            print(f"{size:5s} {posterior:9s} batch {batch:3d} K {r['K']}: {r['ms_per_step']:7.1f} ms/step, {r['examples_per_s']:7.0f} examples/s"
-                  + (f"; plain cELBO {r['plain_celbo_ms']:.1f} ms (loss stack + KL + logging +{100 * r['bookkeeping_overhead']:.1f}%)" if r["bookkeeping_overhead"] is not None else "")
-                  + f"; reference recomputed every step +{100 * r['recompute_overhead']:.1f}%")
-    env = {"device": str(device), "cuda": torch.cuda.get_device_name(0) if device.type == "cuda" else None, "torch": torch.__version__,
-           "threads": torch.get_num_threads(), "machine": platform.machine(), "python": platform.python_version()}
+            recompute = timed(lambda s: json.dumps(train_step(rec, opt_r, s, 0.1, 1e-4)), a.steps, device)
+            compiled = compile_s = None
+            if do_compile:
+                comp = make_run(size, posterior, device)
+                compile_cvae(comp.model)
+                opt_c = torch.optim.AdamW(comp.model.parameters(), lr=1e-4)
+                t0 = time.perf_counter(); train_step(comp, opt_c, 0, 0.1, 1e-4); sync(device)
+                compile_s = time.perf_counter() - t0  # first step: tracing and code generation
+                compiled = timed(lambda s: json.dumps(train_step(comp, opt_c, s, 0.1, 1e-4)), a.steps, device, warmup=10)
+            batch, tokens = run.config.train.batch_size, tokens_per_step(run)
+            params = sum(p.numel() for m in (run.model.generator, run.model.posterior) for p in m.parameters()) / 2  # one backbone
+            flops = 6 * params * tokens  # forward and backward, weights only (attention and heads are small here)
+            r = {"size": size, "posterior": posterior, "batch": batch, "K": run.config.cvae.K, "tokens_per_step": tokens,
+                 "ms_per_step": 1e3 * full, "examples_per_s": batch / full, "run_steps_per_min": 60 / full, "tokens_per_s": tokens / full,
+                 "collated_ms": 1e3 * collated, "device_data_speedup": collated / full,
+                 "plain_celbo_ms": 1e3 * plain, "bookkeeping_overhead": full / plain - 1,
+                 "recompute_reference_ms": 1e3 * recompute, "recompute_overhead": recompute / full - 1,
+                 "compiled_ms": None if compiled is None else 1e3 * compiled, "compile_s": compile_s,
+                 "model_tflops": flops / full / 1e12, "mfu": flops / full / 1e12 / peak if peak else None,
+                 "peak_memory_mib": peak_mem, "syncs_per_step": n_sync}
+            rows.append(r)
+            print(f"{size:5s} {posterior:9s} batch {batch:3d} K {r['K']}: {r['ms_per_step']:7.2f} ms/step, {r['examples_per_s']:7.0f} examples/s, "
+                  f"{r['run_steps_per_min']:7.0f} run-steps/min, {r['tokens_per_s']:9.0f} tokens/s; collated data {r['collated_ms']:.2f} ms "
+                  f"(device-resident {r['device_data_speedup']:.2f}x); plain cELBO {r['plain_celbo_ms']:.2f} ms (loss stack + KL + logging "
+                  f"{100 * r['bookkeeping_overhead']:+.1f}%); reference recomputed {100 * r['recompute_overhead']:+.1f}%"
+                  + (f"; compiled {r['compiled_ms']:.2f} ms ({full / compiled:.2f}x, compile {compile_s:.0f} s)" if compiled else "")
+                  + (f"; {r['model_tflops']:.2f} TFLOP/s" + (f" = {100 * r['mfu']:.2f}% of {peak:.0f}" if peak else "") if device.type == "cuda" else "")
+                  + (f"; peak memory {peak_mem:.0f} MiB; {n_sync:.1f} host syncs/step" if device.type == "cuda" else ""), flush=True)
+    env = {"device": str(device), "cuda": name, "peak_bf16_tflops": peak, "torch": torch.__version__,
+           "threads": torch.get_num_threads(), "machine": platform.machine(), "python": platform.python_version(),
+           "grouped_runs": "not implemented"}
     print(json.dumps(env))
     if a.out: json.dump({"rows": rows, "environment": env, "steps": a.steps}, open(a.out, "w"), indent=2)
 
