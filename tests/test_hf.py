@@ -1,0 +1,189 @@
+"""Hugging Face backbones: layout alignment, JSONL data, inert start, the reference by disabled adapters, the adaptation modes, resume and two processes."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from basedirected.hf import (AdaptConfig, EncodedPairs, HFReference, build_hf_cvae, encode_examples, hf_run, hf_train, hf_train_main,
+                             load_backbone, pairs_to_examples, prepare_hf_run, read_pairs, save_tiny_backbone)
+from basedirected.cvae import CVAEConfig
+from basedirected.model import collate, layout_tokens, response_nll
+from basedirected.runs import read_log
+from basedirected.tasks import Vocab, export_jsonl
+from basedirected.visiting_order import VisitingOrder
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads(); torch.set_num_threads(1)  # tiny models: threads only contend
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hf")
+    task = VisitingOrder.early()
+    train, held = task.generate(64, 0), task.generate(32, 1)
+    export_jsonl(task, train, d / "train.jsonl"); export_jsonl(task, held, d / "eval.jsonl")
+    corpus = [r.prompt + " " + r.response for r in read_pairs(d / "train.jsonl")]
+    for arch in ("gpt2", "qwen2"): save_tiny_backbone(d / arch, corpus, arch, train_steps=100)
+    return d, task, train
+
+
+def _args(d, run, *extra):
+    return ["--backbone", str(d / "gpt2"), "--data", str(d / "train.jsonl"), "--eval-data", str(d / "eval.jsonl"), "--run-dir", str(run),
+            "--K", "4", "--steps", "6", "--batch-size", "8", "--lr", "3e-3", "--warmup-steps", "1", "--c-samples", "64",
+            "--eval-every", "3", "--device", "cpu", "--quiet", *extra]
+
+
+def _train_losses(run):
+    return [r["loss"] for r in read_log(run / "log.jsonl") if r["split"] == "train"]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
+def test_jsonl_round_trip_and_the_package_layout(data, arch):
+    d, task, train = data
+    base, vocab = load_backbone(d / arch)
+    records = read_pairs(d / "train.jsonl")
+    examples, names = pairs_to_examples(vocab, records)
+    assert names == tuple(sorted(task.strategies))
+    assert [(e.x, e.y) for e in examples] == [(tuple(map(str, e.x)), e.y) for e in train]  # the tokenizer splits as the task wrote
+    assert [names[e.strategy] for e in examples] == [task.strategies[e.strategy] for e in train]
+    for codes in (None, ["<z2>"] * len(train)):
+        ours, package = encode_examples(vocab, examples, codes), collate(Vocab.for_task(task), train, codes)
+        for f in ("attention_mask", "response_start", "response_len", "latent_position"): assert torch.equal(getattr(ours, f), getattr(package, f)), f
+        own = {"<bos>": vocab.tokenizer.bos_token or "<bos>", "<eos>": vocab.tokenizer.eos_token or "<eos>"}  # the tokenizer's names where it has them
+        expected = [own.get(t, t) for t in layout_tokens(train[3], None if codes is None else codes[3])]
+        assert vocab.decode(ours.ids[3, :int(ours.attention_mask[3].sum())]) == expected
+
+
+def test_read_pairs_names_the_bad_line(tmp_path):
+    good = json.dumps({"prompt": "1 2", "response": "2 1"})
+    for body, message in ((good + "\n{oops\n", "line 2: not valid JSON"), (good + "\n" + json.dumps({"prompt": "1"}), "line 2: 'response' must be a string"),
+                          ("[1, 2]\n", "line 1: expected a JSON object"), ("\n\n", "no records"),
+                          (json.dumps({"prompt": "1", "response": "2", "strategy": [1]}), "line 1: 'strategy'")):
+        (tmp_path / "d.jsonl").write_text(body)
+        with pytest.raises(ValueError, match=message): read_pairs(tmp_path / "d.jsonl")
+    with pytest.raises(ValueError, match="no such data file"): read_pairs(tmp_path / "missing.jsonl")
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
+def test_codes_start_inert(data, arch):
+    d, _, _ = data
+    base, vocab = load_backbone(d / arch)
+    rows = EncodedPairs(vocab, pairs_to_examples(vocab, read_pairs(d / "train.jsonl"))[0]).select(torch.arange(32))
+    b, mask = HFReference(base).response_surprisal(rows.gen)
+    model = build_hf_cvae(base, vocab, CVAEConfig(K=4), AdaptConfig("lora"))
+    gap = lambda out: (((out.nll_per_code - b[:, None]).abs() * mask[:, None]).sum((0, 2)) / mask.sum()).max().item()  # the worst code
+    out = model(rows)
+    assert gap(out) < 0.03  # nats per token, each code against the reference's b_t
+    torch.testing.assert_close(out.r, torch.full_like(out.r, 0.25), atol=5e-3, rtol=0)
+    torch.testing.assert_close(out.q, torch.full_like(out.q, 0.25))
+    with torch.no_grad():  # a code embedding moved off <znull> is no longer inert: the check can fail
+        w = model.generator.get_input_embeddings().weight
+        w[model.code_ids[0]] = 3 * w[vocab.id("3")]
+    assert gap(model(rows)) > 0.1
+
+
+@pytest.mark.parametrize("mode", ["lora", "frozen"])
+def test_reference_without_a_copy_equals_a_frozen_copy(data, tmp_path, mode):
+    d, _, _ = data
+    a = _args(d, tmp_path / "run", "--adapt", mode, "--lr", "3e-2")
+    from basedirected.hf import build_hf_parser, hf_config_from_args
+    config = hf_config_from_args(build_hf_parser().parse_args(a))
+    run = prepare_hf_run(tmp_path / "run", config, "cpu")
+    hf_train(run)
+    frozen, _ = load_backbone(d / "gpt2")
+    batch = run.train_rows.select(torch.arange(16)).gen
+    mine, mask = run.reference.response_surprisal(batch)
+    copy, _ = HFReference(frozen).response_surprisal(batch)
+    torch.testing.assert_close(mine, copy, atol=1e-6, rtol=0)
+    if mode == "lora":  # the adapters did train: the pass with them on is not the base
+        trained = response_nll(run.model.generator, batch)[0]
+        assert ((trained - copy).abs() * mask).max() > 1e-3
+    else:  # the code rows did train: the generator is not the freshly initialized one
+        fresh = build_hf_cvae(*load_backbone(d / "gpt2"), config.cvae, config.adapt, config.seed)
+        rows = lambda m: m.generator.get_input_embeddings().weight[m.code_ids]
+        assert (rows(fresh) - rows(run.model)).abs().max() > 1e-3
+
+
+def test_adaptation_modes_train_what_they_say(data, tmp_path):
+    d, _, _ = data
+    counts = {}
+    for mode in ("frozen", "lora", "full"):
+        from basedirected.hf import build_hf_parser, hf_config_from_args
+        config = hf_config_from_args(build_hf_parser().parse_args(_args(d, tmp_path / mode, "--adapt", mode, "--optimizer", "muon")))
+        run = prepare_hf_run(tmp_path / mode, config, "cpu")
+        before = {n: p.detach().clone() for n, p in run.model.named_parameters()}
+        hf_train(run)
+        changed = {n for n, p in run.model.named_parameters() if not torch.equal(p, before[n])}
+        counts[mode] = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
+        emb = run.model.generator.get_input_embeddings().weight
+        others = torch.ones(len(emb), dtype=torch.bool); others[run.model.code_ids] = False
+        name = next(n for n, p in run.model.named_parameters() if p is emb)
+        if mode != "full":
+            assert torch.equal(emb[others], before[name][others])  # only the code rows of the embeddings move
+            assert not any("posterior." in n and "lora" not in n for n in changed)
+        assert not torch.equal(emb[run.model.code_ids], before[name][run.model.code_ids])
+        assert any("lora_" in n for n in changed) == (mode == "lora")
+        assert (run.dir.path / "log.jsonl").exists()
+    assert counts["frozen"] < counts["lora"] < counts["full"]
+
+
+def test_cli_metrics_and_exact_resume(data, tmp_path):
+    d, _, _ = data
+    assert hf_train_main(_args(d, tmp_path / "whole", "--posterior", "exact")) == 0
+    m = json.loads((tmp_path / "whole" / "metrics.json").read_text())
+    for k in ("rate", "I_zxy", "I_zs_norm", "marginal_nll", "base_nll", "drift", "gain_per_position", "code_perplexity"): assert k in m
+    assert hf_train_main(_args(d, tmp_path / "cut", "--posterior", "exact", "--stop-after", "4")) == 0
+    assert not (tmp_path / "cut" / "metrics.json").exists()
+    assert hf_train_main(_args(d, tmp_path / "cut", "--posterior", "exact")) == 0
+    assert _train_losses(tmp_path / "cut") == _train_losses(tmp_path / "whole")
+    assert json.loads((tmp_path / "cut" / "eval.json").read_text()) == json.loads((tmp_path / "whole" / "eval.json").read_text())
+
+
+def test_cli_refuses_bad_input(data, tmp_path, capsys):
+    d, _, _ = data
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"prompt": "1", "response": "2"}) + "\n{\n")
+    for argv, message in ((_args(d, tmp_path / "r1")[:1] + [str(tmp_path / "nowhere")] + _args(d, tmp_path / "r1")[2:], "not a directory"),
+                          (["--data", str(tmp_path / "bad.jsonl")], "line 2"), (["--K", "0"], "K must be >= 1"), (["--batch-size", "100"], "fewer than the batch size")):
+        if argv[0] != "--backbone": argv = _args(d, tmp_path / "r2") + argv
+        with pytest.raises(SystemExit) as e: hf_train_main(argv)
+        assert e.value.code == 2
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "r2").exists()  # refused before anything was written
+    hf_train_main(_args(d, tmp_path / "r3", "--steps", "2"))
+    with pytest.raises(SystemExit): hf_train_main(_args(d, tmp_path / "r3", "--steps", "3"))
+    assert "different configuration" in capsys.readouterr().err
+
+
+def test_two_processes_follow_the_one_process_trajectory(data, tmp_path):
+    d, _, _ = data
+    extra = ("--c-source", "data", "--optimizer", "muon")
+    assert hf_train_main(_args(d, tmp_path / "one", *extra)) == 0
+    script = tmp_path / "entry.py"
+    script.write_text("import sys\nfrom basedirected.hf import hf_train_main\nsys.exit(hf_train_main(sys.argv[1:]))\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533", str(script)]
+    p = subprocess.run(cmd + _args(d, tmp_path / "two", *extra, "--stop-after", "4"), env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    two = read_log(tmp_path / "two" / "log.jsonl")
+    assert [r["step"] for r in two if r["split"] == "train"] == [1, 2, 3, 4]  # one writer
+    assert json.loads((tmp_path / "two" / "config.json").read_text())["environment"]["world_size"] == 2
+    assert hf_train_main(_args(d, tmp_path / "two", *extra)) == 0  # resumed on one process
+    torch.testing.assert_close(torch.tensor(_train_losses(tmp_path / "two")), torch.tensor(_train_losses(tmp_path / "one")), rtol=1e-5, atol=1e-6)
+
+
+def test_basedirected_train_hands_backbone_runs_to_the_hf_command(data, tmp_path):
+    from basedirected.train import train_main
+    d, _, _ = data
+    assert train_main(_args(d, tmp_path / "via-train", "--steps", "2")) == 0
+    assert [r["step"] for r in read_log(tmp_path / "via-train" / "log.jsonl") if r["split"] == "train"] == [1, 2]
