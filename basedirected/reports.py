@@ -62,7 +62,8 @@ def aggregate(records: list[dict],  # one metrics record per run
         rows.append(row)
     return rows
 
-DEFAULT_COLUMNS = ("tau", "rate", "I_zs_norm", "I_zxy", "gain_z", "drift", "gen_mean_purity", "marginal_nll")
+DEFAULT_COLUMNS = ("tau", "rate", "I_zxy", "I_zs_given_x_norm", "I_zs_norm", "alignment_posterior", "gen_alignment_controlled",
+                   "gen_coverage_mean", "gen_answer_rate", "gain_z", "drift")
 
 # %% ../nbs/12_reports.ipynb #1f67695b
 def markdown_table(rows: list[dict], metrics=DEFAULT_COLUMNS) -> str:
