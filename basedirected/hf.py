@@ -28,24 +28,25 @@ except ImportError as e:  # the core package never imports this module
 
 from .base import SurprisalCache, sample_responses, response_budget
 from .conventions import trusted_values
-from .cvae import CVAEConfig, DiscreteCVAE, posterior_forward
-from .metrics import code_perplexity, entropy, information_gain, latent_information, marginal_nll, strategy_information
+from .cvae import CVAEConfig, DiscreteCVAE, posterior_forward, router_logits
+from .metrics import (alignment_one_to_one, code_perplexity, entropy, information_gain, latent_information, marginal_nll,
+                                 strategy_information)
 from .model import Batch, EncodedExamples, layout_tokens, response_nll
 from .objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig, objectives
 from .runs import (RunDir, TrainConfig, atomic_torch_save, atomic_write_bytes, atomic_write_json, environment_record, load_checkpoint, read_json,
                    read_log, resolve_device, truncate_log)
 from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, batch_indices
-from .train import objective_terms
+from .train import TASKS, objective_terms, task_from_args
 
 # %% auto #0
 __all__ = ['LAYOUT_SPECIALS', 'ADAPT_MODES', 'OPTIMIZERS', 'HF_RUN_FILES', 'HFVocab', 'save_tiny_backbone', 'HFCausalLM',
            'init_new_embeddings', 'load_backbone', 'PairRecord', 'read_pairs', 'pairs_to_examples', 'encode_examples',
            'EncodedPairs', 'context_length', 'check_context', 'HFReference', 'PairSurprisalCache', 'AdaptConfig',
            'train_rows_only', 'embedding_matrices', 'build_hf_cvae', 'hf_reference', 'build_optimizers', 'HFRunConfig',
-           'distributed_setup', 'hf_reference_scale', 'hf_train_step', 'hf_evaluate', 'hf_metrics', 'check_hf_run_dir',
-           'check_hf_inputs', 'HFRun', 'prepare_hf_run', 'hf_kl_weight', 'hf_train', 'hf_run', 'build_hf_parser',
-           'hf_config_from_args', 'hf_train_main']
+           'distributed_setup', 'hf_reference_scale', 'hf_train_step', 'hf_evaluate', 'hf_metrics', 'task_input',
+           'task_response', 'hf_generation_metrics', 'check_hf_run_dir', 'check_hf_inputs', 'HFRun', 'prepare_hf_run',
+           'hf_kl_weight', 'hf_train', 'hf_run', 'build_hf_parser', 'hf_config_from_args', 'hf_train_main']
 
 # %% ../nbs/10a_hf.ipynb #23fc6380
 LAYOUT_SPECIALS = ("<x>", "</x>", "<y>", "</y>", "<z>", "</z>", "<znull>")
@@ -388,6 +389,8 @@ class HFRunConfig:
     c_source: str = "model"                 # c_theta from y ~ p_theta (the definition) or from the observed y
     c_samples: int = 512                    # sampled responses for c_theta (c_source 'model')
     n_eval: int = 256                       # held-out examples for the metrics
+    task: str | None = None                 # a synthetic task whose checker reads the generations (its exported JSONL), or None
+    regime: str | None = None               # the task's preset (visiting_order: default early)
 
     def __post_init__(self):
         if self.objective not in OBJECTIVE_NAMES: raise ValueError(f"objective must be one of {', '.join(OBJECTIVE_NAMES)}, got {self.objective!r}")
@@ -396,6 +399,8 @@ class HFRunConfig:
         if self.cvae.latent != "discrete": raise ValueError("latent must be 'discrete' on a Hugging Face backbone")
         for name in ("c_samples", "n_eval"):
             if getattr(self, name) < 2: raise ValueError(f"{name} must be >= 2, got {getattr(self, name)}")
+        if self.task is not None and self.task not in TASKS: raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        if self.regime is not None and self.task is None: raise ValueError("regime needs a task")
 
     def to_dict(self) -> dict: return asdict(self)
     @classmethod
@@ -524,11 +529,49 @@ def hf_metrics(model: DiscreteCVAE, rows: EncodedPairs, cache: SurprisalCache, s
          **information_gain(p["distortion"], p["base"]), "gain_per_position": (gain / count.clamp_min(1)).tolist(),
          "I_zxy": latent_information(p["q"]), "code_perplexity": code_perplexity(p["q"]), "router_entropy": entropy(p["r"]).mean().item()}
     if len(strategies) == len(rows) and bool((strategies >= 0).all()):
-        m.update(I_zs=strategy_information(p["q"], strategies, normalized=False), I_zs_norm=strategy_information(p["q"], strategies))
+        counts = torch.zeros(p["q"].shape[1], int(strategies.max()) + 1)
+        for k, st in zip(p["q"].argmax(-1).tolist(), strategies.tolist()): counts[k, st] += 1
+        m.update(I_zs=strategy_information(p["q"], strategies, normalized=False), I_zs_norm=strategy_information(p["q"], strategies),
+                 alignment_posterior=alignment_one_to_one(counts))
     n = min(len(rows), 256)  # the marginal NLL runs all n rows at once
     m.update(marginal_nll(model, rows.select(torch.arange(n)), cache.subset(n)))
     m["drift"] = m["marginal_nll"] - m["base_nll"]
     return m
+
+# %% ../nbs/10a_hf.ipynb #5a4e6c5d
+def task_input(prompt: str) -> tuple:
+    "A task's input read back from its exported prompt (`example_record` writes `x` space-separated): numbers become ints."
+    return tuple(int(t) if t.lstrip("-").isdigit() else t for t in prompt.split())
+
+def task_response(vocab: HFVocab, tokens) -> tuple[str, ...]:
+    "A generated response (the tokenizer's tokens) as the task's tokens: its text split on whitespace."
+    return tuple(vocab.tokenizer.convert_tokens_to_string(list(tokens)).split())
+
+@torch.no_grad()
+def hf_generation_metrics(model: DiscreteCVAE,          # a CVAE on a Hugging Face backbone
+                          vocab: HFVocab,
+                          examples: list[Example],       # the held-out examples, tokenized
+                          records: list[PairRecord],     # their records (the prompts give the task's inputs)
+                          task,                          # the task whose checker scores a response
+                          n_inputs: int = 64, seed: int = 0) -> dict:
+    "Answer and valid rates under the router, and under forced codes the one-to-one alignment with strategies, coverage and answer rate."
+    model.eval()
+    device = next(model.parameters()).device
+    exs, recs = examples[:n_inputs], records[:n_inputs]
+    xs, task_xs, budget = [e.x for e in exs], [task_input(r.prompt) for r in recs], response_budget(exs)
+    check = lambda ys: [task.check(x, task_response(vocab, y)) for x, y in zip(task_xs, ys)]
+    z = torch.multinomial(torch.softmax(router_logits(model, exs), -1).cpu(), 1, generator=torch.Generator().manual_seed(seed)).squeeze(-1)
+    routed = check(sample_responses(model.generator, vocab, xs, max_len=budget, seed=seed, codes=[model.codes[k] for k in z], device=device)[0])
+    counts, forced = torch.zeros(len(model.codes), len(task.strategies)), []
+    for k, code in enumerate(model.codes):
+        ck = check(sample_responses(model.generator, vocab, xs, max_len=budget, seed=seed + 1 + k, codes=[code] * len(xs), device=device)[0])
+        for c in ck:
+            if c.strategy >= 0: counts[k, c.strategy] += 1
+        forced.append(ck)
+    cover = [len({s for ck in forced for s in ck[i].strategies}) / len(task.strategies) for i in range(len(xs))]
+    return {"valid_rate": sum(c.valid for c in routed) / len(routed), "answer_rate": sum(c.answer_correct for c in routed) / len(routed),
+            "alignment_controlled": alignment_one_to_one(counts), "forced_answer_rate": sum(c.answer_correct for ck in forced for c in ck) / (len(forced) * len(xs)),
+            "coverage_mean": sum(cover) / len(cover), "coverage_full_rate": sum(c == 1 for c in cover) / len(cover)}
 
 # %% ../nbs/10a_hf.ipynb #498f52bd
 HF_RUN_FILES = ("config.json", "reference_scale.json", "log.jsonl", "checkpoint.pt", "eval.json", "metrics.json", "command.txt")
@@ -668,7 +711,7 @@ def hf_train(run: HFRun, stop_after: int | None = None, progress: bool = False) 
     _barrier(run.world)
     return evaluate(stop) if main else {}
 
-# %% ../nbs/10a_hf.ipynb #5a4e6c5d
+# %% ../nbs/10a_hf.ipynb #b2b9b00b
 def hf_run(run_dir, config: HFRunConfig, device: str = "auto", stop_after: int | None = None, progress: bool = False) -> dict:
     "A complete run in `run_dir` on one process or under `torchrun`; at the last step rank 0 writes `eval.json` and `metrics.json`."
     run = prepare_hf_run(run_dir, config, device)
@@ -676,12 +719,17 @@ def hf_run(run_dir, config: HFRunConfig, device: str = "auto", stop_after: int |
     if run.rank != 0 or (stop_after is not None and stop_after < config.train.steps): return final
     beta = hf_kl_weight(config, config.train.steps, run.c_ref)
     metrics = hf_metrics(run.model, run.eval_rows, run.eval_cache, run.eval_strategies, run.c_ref, config.loss, beta)
+    if config.task is not None:  # the task's checker reads generations under the router and under each forced code
+        task = task_from_args(argparse.Namespace(task=config.task, regime=config.regime), {})
+        records = read_pairs(config.eval_data or config.data)[:config.n_eval]
+        held, _ = pairs_to_examples(run.vocab, records)
+        metrics.update({f"gen_{k}": v for k, v in hf_generation_metrics(run.model, run.vocab, held, records, task, seed=config.seed).items()})
     metrics["eval_split"] = "eval_data" if config.eval_data else "train"
     atomic_write_json(run.dir.eval, {"c_ref": run.scale.to_dict(), **final})
     atomic_write_json(run.dir.metrics, metrics)
     return {**final, **{f"metric_{k}": v for k, v in metrics.items()}}
 
-# %% ../nbs/10a_hf.ipynb #b2b9b00b
+# %% ../nbs/10a_hf.ipynb #81b88c0e
 def build_hf_parser() -> argparse.ArgumentParser:
     "The `basedirected-hf-train` argument parser."
     T, p = TrainConfig(), argparse.ArgumentParser(prog="basedirected-hf-train", description="Train a CVAE adapted from a Hugging Face causal LM "
@@ -709,6 +757,9 @@ def build_hf_parser() -> argparse.ArgumentParser:
     a("--c-source", choices=("model", "data"), default="model", help="c_theta from responses sampled from the base, or from the data")
     a("--c-samples", type=int, default=512, help="sampled responses for c_theta")
     a("--n-eval", type=int, default=256, help="held-out examples for the metrics")
+    a("--task", choices=tuple(TASKS), default=None, help="the synthetic task the data was exported from: its checker scores generations "
+      "(answer accuracy, controlled alignment, coverage)")
+    a("--regime", default=None, help="the task's preset (visiting_order: early by default)")
     a("--eval-every", type=int, default=T.eval_every); a("--checkpoint-every", type=int, default=T.checkpoint_every)
     a("--max-nonfinite-steps", type=int, default=T.max_nonfinite_steps)
     a("--stop-after", type=int, default=None, help="stop after this many steps, as if interrupted (rerun to resume)")
@@ -716,7 +767,7 @@ def build_hf_parser() -> argparse.ArgumentParser:
     a("--quiet", action="store_true", help="no progress bar")
     return p
 
-# %% ../nbs/10a_hf.ipynb #81b88c0e
+# %% ../nbs/10a_hf.ipynb #4b2a3d5a
 def hf_config_from_args(a: argparse.Namespace) -> HFRunConfig:
     "Validate the parsed options into an `HFRunConfig`; `ValueError` says what is wrong."
     obj = objectives(alpha=a.alpha, gamma=a.gamma)[a.objective]
@@ -728,7 +779,7 @@ def hf_config_from_args(a: argparse.Namespace) -> HFRunConfig:
                        eval_data=None if a.eval_data is None else str(Path(a.eval_data).resolve()), seed=a.seed,
                        adapt=AdaptConfig(a.adapt, a.lora_rank, a.lora_alpha, a.lora_targets),
                        cvae=CVAEConfig(latent=a.latent, K=a.K, posterior=a.posterior), objective=a.objective, loss=obj.loss, train=train,
-                       optimizer=a.optimizer, c_source=a.c_source, c_samples=a.c_samples, n_eval=a.n_eval)
+                       optimizer=a.optimizer, c_source=a.c_source, c_samples=a.c_samples, n_eval=a.n_eval, task=a.task, regime=a.regime)
 
 def hf_train_main(argv: list[str] | None = None) -> int:
     "Console entry point `basedirected-hf-train` (one process, or each of `torchrun`'s)."

@@ -187,3 +187,23 @@ def test_basedirected_train_hands_backbone_runs_to_the_hf_command(data, tmp_path
     d, _, _ = data
     assert train_main(_args(d, tmp_path / "via-train", "--steps", "2")) == 0
     assert [r["step"] for r in read_log(tmp_path / "via-train" / "log.jsonl") if r["split"] == "train"] == [1, 2]
+
+
+def test_the_checker_reads_exported_records_back(data):
+    "The data's own responses, tokenized by the model's tokenizer and read back, pass the task's checker with the right answer."
+    from basedirected.hf import load_backbone, task_input, task_response
+    d, task, train = data
+    _, vocab = load_backbone(d / "gpt2")
+    records = read_pairs(d / "train.jsonl")
+    checks = [task.check(task_input(r.prompt), task_response(vocab, vocab.tokenize(r.response))) for r in records]
+    assert all(c.valid and c.answer_correct for c in checks)
+    assert [task.strategies[c.strategy] for c in checks if c.strategy >= 0] == [r.strategy for r, c in zip(records, checks) if c.strategy >= 0]
+
+
+def test_task_metrics_on_a_backbone(data, tmp_path):
+    d, _, _ = data
+    assert hf_train_main(_args(d, tmp_path / "task", "--posterior", "exact", "--task", "visiting_order")) == 0
+    m = json.loads((tmp_path / "task" / "metrics.json").read_text())
+    for k in ("valid_rate", "answer_rate", "alignment_controlled", "forced_answer_rate", "coverage_mean", "coverage_full_rate"):
+        assert 0 <= m[f"gen_{k}"] <= 1, k
+    with pytest.raises(SystemExit): hf_train_main(_args(d, tmp_path / "bad", "--regime", "early"))  # a regime needs a task
