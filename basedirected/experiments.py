@@ -218,9 +218,14 @@ def execute(out: Path, preset: Preset, jobs: int = 1, device: str = "auto", forc
         threads = max(1, (os.cpu_count() or 1) // jobs)
         ctx = torch.multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            for f in [pool.submit(prepare_shared_base, out, s, dev, threads) for s, dev in zip(shared.values(), devices)]: f.result()
+            # the longest base trains first, and each run is queued once its own base is ready: no worker waits for another task's base
+            order = sorted(zip(shared.items(), devices), key=lambda item: -item[0][1].config.base.steps)
+            bases = {key: pool.submit(prepare_shared_base, out, s, dev, threads) for (key, s), dev in order}
             bar = tqdm(total=len(specs), desc="runs", disable=not progress)
-            futures = [pool.submit(run_cell, out, s, dev, force, preset.n_generate, threads) for s, dev in zip(specs, devices)]
+            futures = []
+            for s, dev in zip(specs, devices):
+                bases[(s.regime, s.seed)].result()
+                futures.append(pool.submit(run_cell, out, s, dev, force, preset.n_generate, threads))
             for f in futures: records.append(f.result()); bar.update()
     bar.close()
     return records
