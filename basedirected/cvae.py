@@ -18,9 +18,9 @@ from .surprisal import token_surprisal
 from .tasks import Example, Vocab
 
 # %% auto #0
-__all__ = ['POSTERIORS', 'CVAEConfig', 'CVAEOutput', 'pooled_hidden', 'with_posterior', 'DiscreteCVAE', 'ContinuousCVAE',
-           'build_cvae', 'cvae_forward', 'exact_posterior_logits', 'exact_objective', 'posterior_forward',
-           'router_logits']
+__all__ = ['POSTERIORS', 'CVAEConfig', 'CVAEOutput', 'pooled_hidden', 'with_posterior', 'DiscreteCVAE',
+           'shared_prefix_code_losses', 'ContinuousCVAE', 'build_cvae', 'cvae_forward', 'exact_posterior_logits',
+           'exact_objective', 'posterior_forward', 'router_logits']
 
 # %% ../nbs/07_cvae.ipynb #b06353b4
 POSTERIORS = ("amortized", "exact", "exact+distill")
@@ -92,6 +92,7 @@ class DiscreteCVAE(nn.Module):
         self.generator = copy.deepcopy(base).train().requires_grad_(True)
         self.posterior = copy.deepcopy(base).train().requires_grad_(True)
         self.posterior_head = nn.Linear(base.d_model, config.K)
+        self.shared_prefix = False  # compute the prompt once for all K codes (`shared_prefix_code_losses`); same numbers
         nn.init.zeros_(self.posterior_head.weight); nn.init.zeros_(self.posterior_head.bias)
         with torch.no_grad():
             emb = self.generator.get_input_embeddings().weight
@@ -107,6 +108,12 @@ class DiscreteCVAE(nn.Module):
         "Exact posterior expectation over the K codes, the router and the KL."
         rows = as_rows(self.vocab, examples, _device(self))
         B, K = len(rows), self.config.K
+        if self.shared_prefix and getattr(self.generator, "supports_packed_codes", False):
+            per_code, mask, r_logits = shared_prefix_code_losses(self.generator, rows, self.code_ids)
+            out = CVAEOutput(None, mask, None, None, r=torch.softmax(r_logits, -1), nll_per_code=per_code, r_logits=r_logits)
+            if self.config.posterior == "exact": return out
+            out.q_logits = self.posterior_logits(rows).float()
+            return with_posterior(out, out.q_logits)
         gen = rows.with_codes(self.code_ids)
         logits = self.generator(gen.ids, gen.attention_mask)
         per_code, mask = gather_response(token_surprisal(logits, gen.ids), gen)
@@ -118,6 +125,37 @@ class DiscreteCVAE(nn.Module):
         if self.config.posterior == "exact": return out  # q* needs the objective: see `posterior_forward`
         out.q_logits = self.posterior_logits(rows).float()
         return with_posterior(out, out.q_logits)
+
+# %% ../nbs/07_cvae.ipynb #c73bb8e1
+def shared_prefix_code_losses(generator: nn.Module,     # a backbone with `supports_packed_codes`
+                              rows: Rows,               # selected examples (their generator layout and host widths)
+                              code_ids: torch.Tensor,   # the K code ids
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # per-code losses (B, K, T), mask (B, T), router logits (B, K)
+    "Per-code response losses and router logits from one packed sequence per example: the prompt once, then the K continuations."
+    g, K, P, C = rows.gen, len(code_ids), rows.prefix_width, rows.suffix_width
+    if P is None or C is None: raise ValueError("rows lack their prefix and suffix widths (select them with EncodedExamples or as_rows)")
+    dev, B = g.ids.device, len(rows)
+    pre, length = g.latent_position, g.attention_mask.sum(1)        # prompt length (tokens before the code) and row length
+    j = torch.arange(P + K * C, device=dev)                         # packed positions: prompt, then K slots of width C
+    in_prompt, slot, off = j < P, (j - P).clamp(min=0) // C, (j - P).clamp(min=0) % C
+    src = torch.where(in_prompt[None], j[None], pre[:, None] + off[None])  # the position each token has in its own row
+    real = torch.where(in_prompt[None], j[None] < pre[:, None], src < length[:, None])
+    ids = torch.where(real, g.ids.gather(1, src.clamp(max=g.ids.shape[1] - 1)), torch.zeros((), dtype=g.ids.dtype, device=dev))
+    ids = torch.where((~in_prompt & (off == 0))[None], code_ids.to(dev)[slot][None], ids)  # each slot opens with its code
+    # a prompt token sees the prompt causally; a continuation token sees the prompt and its own slot causally; keys must be real
+    q_in, k_in = in_prompt[:, None], in_prompt[None, :]
+    allowed = (k_in & (~q_in | (j[None, :] <= j[:, None]))) | (~q_in & ~k_in & (slot[:, None] == slot[None, :]) & (off[None, :] <= off[:, None]))
+    attend = (allowed[None] & real[:, None, :]) | torch.eye(len(j), dtype=torch.bool, device=dev)[None]  # padding sees itself
+    logits = generator(ids, position_ids=torch.where(real, src, torch.zeros((), dtype=src.dtype, device=dev)), attn_mask=attend[:, None])
+    per_position = token_surprisal(logits, ids)                     # (B, L-1): position i predicts token i + 1
+    T = g.width if g.width is not None else int(g.response_len.max())
+    t = torch.arange(T, device=dev)
+    # response token t of slot k sits at P + kC + 3 + t (after c </z> <y>) and is predicted one position earlier
+    at = (P + torch.arange(K, device=dev)[:, None] * C + 2 + t[None]).clamp(max=per_position.shape[1] - 1)
+    mask = t[None, :] < g.response_len[:, None]
+    per_code = per_position[:, at.flatten()].view(B, K, T) * mask[:, None]
+    r_logits = logits[torch.arange(B, device=dev), pre - 1][:, code_ids].float()  # next-token logits at <z>, as in the unshared rows
+    return per_code, mask, r_logits
 
 # %% ../nbs/07_cvae.ipynb #3d30e6a0
 class ContinuousCVAE(nn.Module):

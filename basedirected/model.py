@@ -52,10 +52,12 @@ class Block(nn.Module):
         self.qkv, self.proj = nn.Linear(c.d_model, 3 * c.d_model), nn.Linear(c.d_model, c.d_model)
         self.mlp = nn.Sequential(nn.Linear(c.d_model, c.d_ff), nn.GELU(), nn.Linear(c.d_ff, c.d_model))
 
-    def forward(self, x):
+    def forward(self, x, attn_mask=None):
         B, L, D = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-        x = x + self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, L, D))
+        a = (F.scaled_dot_product_attention(q, k, v, is_causal=True) if attn_mask is None  # causal: the fast kernel
+             else F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask))            # a packed layout's own mask
+        x = x + self.proj(a.transpose(1, 2).reshape(B, L, D))
         return x + self.mlp(self.ln2(x))
 
 # %% ../nbs/06_model.ipynb #a37b136c
@@ -76,11 +78,17 @@ class TinyCausalLM(nn.Module):
 
     def get_input_embeddings(self) -> nn.Embedding: return self.embed
 
-    def forward(self, ids, attention_mask=None, extra_embeddings=None, return_hidden=False):
-        if ids.shape[1] > self.config.max_len: raise ValueError(f"sequence length {ids.shape[1]} exceeds max_len {self.config.max_len}")
-        h = self.embed(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+    supports_packed_codes = True  # accepts `position_ids` and an explicit `attn_mask` (shared-prefix code enumeration)
+
+    def forward(self, ids, attention_mask=None, extra_embeddings=None, return_hidden=False,
+                position_ids=None,  # (B, L) positions where a packed sequence is not laid out left to right
+                attn_mask=None):    # (B, 1, L, L) bool, True where a query may attend a key; None: causal
+        if position_ids is None:
+            if ids.shape[1] > self.config.max_len: raise ValueError(f"sequence length {ids.shape[1]} exceeds max_len {self.config.max_len}")
+            position_ids = torch.arange(ids.shape[1], device=ids.device)
+        h = self.embed(ids) + self.pos(position_ids)
         if extra_embeddings is not None: h = h + extra_embeddings.to(h.dtype)
-        for block in self.blocks: h = block(h)
+        for block in self.blocks: h = block(h, attn_mask)
         h = self.ln_f(h)
         logits = h @ self.embed.weight.T  # tied embeddings
         return (logits, h) if return_hidden else logits
@@ -141,6 +149,8 @@ class Rows:
     "Selected examples in both layouts, ready for the models: `base` (posterior, reference) and `gen` (`<znull>` in the code slot)."
     base: Batch
     gen: Batch
+    prefix_width: int | None = None  # longest generator prefix `<bos> <x> x… </x> <z>` (host int), for shared-prefix enumeration
+    suffix_width: int | None = None  # longest continuation `c </z> <y> y… </y> <eos>` (host int)
     def __len__(self): return self.base.ids.shape[0]
 
     def with_codes(self, code_ids: torch.Tensor) -> Batch:
@@ -163,6 +173,7 @@ class EncodedExamples:
         # host copies of the lengths: a selection's width is read without touching the device
         self.base_len, self.gen_len = base.attention_mask.sum(1), gen.attention_mask.sum(1)
         self.response_len = base.response_len.clone()
+        self.prefix_len = gen.latent_position.clone()  # tokens before the code slot
         self.base, self.gen = base.to(device), gen.to(device)
         self.device = torch.device(device)
 
@@ -176,10 +187,13 @@ class EncodedExamples:
         width = int(self.response_len[idx].max())
         on_device = idx.to(self.device, non_blocking=True)
         return Rows(_take(self.base, on_device, int(self.base_len[idx].max()), width),
-                    _take(self.gen, on_device, int(self.gen_len[idx].max()), width))
+                    _take(self.gen, on_device, int(self.gen_len[idx].max()), width),
+                    int(self.prefix_len[idx].max()), int((self.gen_len - self.prefix_len)[idx].max()))
 
 def as_rows(vocab: Vocab, examples, device) -> Rows:
     "`examples` as `Rows` on `device`: selected rows pass through; an `Example` list is collated here (the slow path)."
     if isinstance(examples, Rows): return examples
     examples = list(examples)
-    return Rows(collate(vocab, examples).to(device), collate(vocab, examples, ["<znull>"] * len(examples)).to(device))
+    gen = collate(vocab, examples, ["<znull>"] * len(examples))
+    lengths = gen.attention_mask.sum(1)
+    return Rows(collate(vocab, examples).to(device), gen.to(device), int(gen.latent_position.max()), int((lengths - gen.latent_position).max()))

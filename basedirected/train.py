@@ -213,10 +213,12 @@ def compile_cvae(model: nn.Module) -> nn.Module:
     return model
 
 def run(run_dir: Path, config: RunConfig, device: str = "auto", progress: bool = False, beta_schedule=None,
-        stop_after: int | None = None, resume_without_log: bool = False, require_gate: bool = False, compile: bool = False) -> dict:
-    "A complete run in `run_dir`; returns the final held-out terms (also written to `eval.json`). `require_gate` refuses a failing base; `compile` compiles the CVAE."
+        stop_after: int | None = None, resume_without_log: bool = False, require_gate: bool = False, compile: bool = False,
+        shared_prefix: bool = False) -> dict:
+    "A complete run in `run_dir`; returns the final held-out terms (also written to `eval.json`). `require_gate` refuses a failing base; `compile` compiles the CVAE; `shared_prefix` computes a discrete CVAE's prompt once for all codes."
     r = prepare_run(run_dir, config, device, progress, resume_without_log)
     if compile: compile_cvae(r.model)
+    if shared_prefix and hasattr(r.model, "shared_prefix"): r.model.shared_prefix = True
     if require_gate and not r.gate["passes"]: raise BaseGateError(gate_message(r.gate, r.dir.gate))
     return train_run(r, beta_schedule, progress, stop_after)
 
@@ -291,6 +293,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--allow-failed-base", None, "adapt a CVAE even from a base that fails the quality gate (base_gate.json)", "base model p_theta", default=False),
     Option("--compile", None, "compile the CVAE's backbones with torch.compile (a GPU speed option: same run up to float rounding, "
            "the first steps pay the compile time)", "run", default=False),
+    Option("--shared-prefix", None, "discrete z: run the prompt once for all K codes (a packed sequence; same numbers to float "
+           "round-off; a speed option, measured by the benchmark)", "run", default=False),
     Option("--resume-without-log", None, "resume from a checkpoint whose log.jsonl is missing (the earlier steps' records are lost)", "run", default=False),
 )
 
@@ -418,7 +422,7 @@ def train_main(argv: list[str] | None = None) -> int:
     except ValueError as e: parser.error(str(e))  # exits 2 with one line naming the option or path
     t0 = time.perf_counter()
     try: final = run(rd.path, config, device=a.device, progress=not a.quiet, resume_without_log=a.resume_without_log,
-                     require_gate=not a.allow_failed_base, compile=a.compile)
+                     require_gate=not a.allow_failed_base, compile=a.compile, shared_prefix=a.shared_prefix)
     except (NonFiniteError, BaseGateError) as e: parser.exit(2, f"{parser.prog}: error: {e}\n")
     except OSError as e: parser.exit(2, f"{parser.prog}: error: {e.filename or rd.path}: {e.strerror or e}; nothing already written was lost\n")
     print(f"run directory: {rd.path}  ({time.perf_counter() - t0:.0f} s)")

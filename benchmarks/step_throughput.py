@@ -7,6 +7,7 @@ tokens/s of:
   collated    the same step with the minibatch collated from Python `Example` lists every step (the old data path);
   plain       a token-mean cELBO step on the same model and batch (one loss, one synced float): the bookkeeping baseline;
   recompute   the step with the frozen reference run every step instead of the cache;
+  shared      the step with shared-prefix enumeration of the K codes (the prompt once, a packed sequence);
   compiled    (CUDA, or --compile) the step with the backbones under `torch.compile`; the compile time is reported apart.
 On CUDA it also prints the peak memory, host synchronizations per step (`torch.cuda.set_sync_debug_mode`), and the model
 FLOP utilisation: 6 x backbone parameters x tokens per step, against the chip's dense bf16 peak (--peak-tflops, known
@@ -133,6 +134,9 @@ def main():
             fast_rows, run.train_rows = run.train_rows, CollatingRows(run)
             collated = timed(lambda s: json.dumps(train_step(run, opt, s, 0.1, 1e-4)), a.steps, device)
             run.train_rows = fast_rows
+            run.model.shared_prefix = True
+            shared = timed(lambda s: json.dumps(train_step(run, opt, s, 0.1, 1e-4)), a.steps, device)
+            run.model.shared_prefix = False
             rec = make_run(size, posterior, device, recompute=True)
             opt_r = torch.optim.AdamW(rec.model.parameters(), lr=1e-4)
             recompute = timed(lambda s: json.dumps(train_step(rec, opt_r, s, 0.1, 1e-4)), a.steps, device)
@@ -152,6 +156,7 @@ def main():
                  "collated_ms": 1e3 * collated, "device_data_speedup": collated / full,
                  "plain_celbo_ms": 1e3 * plain, "bookkeeping_overhead": full / plain - 1,
                  "recompute_reference_ms": 1e3 * recompute, "recompute_overhead": recompute / full - 1,
+                 "shared_prefix_ms": 1e3 * shared, "shared_prefix_speedup": full / shared,
                  "compiled_ms": None if compiled is None else 1e3 * compiled, "compile_s": compile_s,
                  "model_tflops": flops / full / 1e12, "mfu": flops / full / 1e12 / peak if peak else None,
                  "peak_memory_mib": peak_mem, "syncs_per_step": n_sync}
@@ -159,7 +164,8 @@ def main():
             print(f"{size:5s} {posterior:9s} batch {batch:3d} K {r['K']}: {r['ms_per_step']:7.2f} ms/step, {r['examples_per_s']:7.0f} examples/s, "
                   f"{r['run_steps_per_min']:7.0f} run-steps/min, {r['tokens_per_s']:9.0f} tokens/s; collated data {r['collated_ms']:.2f} ms "
                   f"(device-resident {r['device_data_speedup']:.2f}x); plain cELBO {r['plain_celbo_ms']:.2f} ms (loss stack + KL + logging "
-                  f"{100 * r['bookkeeping_overhead']:+.1f}%); reference recomputed {100 * r['recompute_overhead']:+.1f}%"
+                  f"{100 * r['bookkeeping_overhead']:+.1f}%); reference recomputed {100 * r['recompute_overhead']:+.1f}%; "
+                  f"shared prefix {r['shared_prefix_ms']:.2f} ms ({r['shared_prefix_speedup']:.2f}x)"
                   + (f"; compiled {r['compiled_ms']:.2f} ms ({full / compiled:.2f}x, compile {compile_s:.0f} s)" if compiled else "")
                   + (f"; {r['model_tflops']:.2f} TFLOP/s" + (f" = {100 * r['mfu']:.2f}% of {peak:.0f}" if peak else "") if device.type == "cuda" else "")
                   + (f"; peak memory {peak_mem:.0f} MiB; {n_sync:.1f} host syncs/step" if device.type == "cuda" else ""), flush=True)
