@@ -244,11 +244,12 @@ def posterior_forward(model: nn.Module,                  # a CVAE
                       loss: ReconstructionLossConfig,    # the objective's stack (gives L_k)
                       beta: float,                       # the step's KL weight
                       generator: torch.Generator | None = None,  # seeds a continuous latent's noise
+                      weights=None,                      # `loss_reference_weights` of the batch, if already computed
                      ) -> CVAEOutput:
     "One forward pass with the model's posterior: amortized $q_\\xi$, or the exact $q^\\star$ of the objective at this β."
     out = cvae_forward(model, examples, generator)
     if model.config.latent != "discrete" or model.config.posterior == "amortized": return out
-    W = loss_token_weights(base_nll.to(out.nll_per_code.device), mask.to(out.nll_per_code.device), c_ref, loss)
+    W = loss_token_weights(base_nll.to(out.nll_per_code.device), mask.to(out.nll_per_code.device), c_ref, loss, weights=weights)
     code_loss = (W[:, None, :] * out.nll_per_code.float()).sum(-1)  # L_k, (B, K)
     q_star_logits = exact_posterior_logits(code_loss, out.r_logits, beta)
     if out.q_logits is not None:  # exact+distill: q_xi learns q* (cross-entropy to the stop-gradient target)

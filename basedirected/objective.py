@@ -12,12 +12,12 @@ import torch
 
 from .conventions import check_nonnegative, check_unit_interval, value_checks_enabled
 from .reconstruction import TERM_NAMES, TERM_SPECS, reconstruction_terms, resolve_term
-from .weights import reference_weights
+from .weights import ReferenceWeights, reference_weights
 
 # %% auto #0
 __all__ = ['LOSS_PRESETS', 'BETA_SCHEDULES', 'OBJECTIVE_NAMES', 'ORIGINAL_FLAG_ALIASES', 'ReconstructionLossConfig',
            'BetaSchedule', 'free_bits_kl', 'Objective', 'objectives', 'objective', 'j_theta', 'j_celbo',
-           'loss_token_weights', 'OriginalFlag', 'demo_batch', 'demo_main']
+           'loss_reference_weights', 'loss_token_weights', 'OriginalFlag', 'demo_batch', 'demo_main']
 
 # %% ../nbs/04_objective.ipynb #4dd74166
 class _LossPresets:
@@ -161,6 +161,7 @@ def objective(nll: torch.Tensor,       # E_q[l_t], (B, T) response coordinates
               beta: float,             # KL weight
               config: ReconstructionLossConfig,  # the lambda stack and token-weight hyperparameters
               kl_for_loss: torch.Tensor | None = None,  # KL that enters the loss instead of `kl` (free bits)
+              weights: ReferenceWeights | None = None,  # `loss_reference_weights` of this batch, if already computed
              ) -> dict[str, torch.Tensor]:  # every term, 'kl', 'recon' and 'loss'
     "Training loss $\\sum_k \\lambda_k R_k + \\beta\\,\\mathrm{KL}$ and every term for logging."
     beta = check_nonnegative(beta, "beta")
@@ -169,7 +170,7 @@ def objective(nll: torch.Tensor,       # E_q[l_t], (B, T) response coordinates
     if kl_for_loss is not None and value_checks_enabled() and not bool(torch.isfinite(kl_for_loss.detach()).all()): raise ValueError("kl_for_loss has NaN or inf")
     terms = reconstruction_terms(nll, base_nll, mask, c_ref, alpha=config.alpha, gamma=config.gamma,
                                  token_reduction=config.token_reduction, topk_fraction=config.topk_fraction,
-                                 mean_one_lambda=config.mean_one_lambda)
+                                 mean_one_lambda=config.mean_one_lambda, weights=weights)
     recon = config.combine(terms)
     kl_loss = (kl if kl_for_loss is None else kl_for_loss).mean()
     return {**terms, "kl": kl.mean(), "recon": recon, "loss": recon + beta * kl_loss}
@@ -184,14 +185,22 @@ def j_celbo(terms: dict[str, torch.Tensor], kl: torch.Tensor, beta: float) -> to
     return terms["std"] + check_nonnegative(beta, "beta") * kl.mean()
 
 # %% ../nbs/04_objective.ipynb #f8326340
+def loss_reference_weights(base_nll: torch.Tensor,           # b_{theta,t}, (B, T)
+                           mask: torch.Tensor,               # 0/1 or bool over response tokens, (B, T)
+                           config: ReconstructionLossConfig, # gives alpha, gamma and the policies' hyperparameters
+                          ) -> ReferenceWeights:
+    "The z-free weights of a batch under a loss configuration: computed once per step and shared by $q^\\star$ and the objective."
+    return reference_weights(base_nll, mask, alpha=config.alpha, gamma=config.gamma, topk_fraction=config.topk_fraction,
+                             mean_one_lambda=config.mean_one_lambda)
+
 def loss_token_weights(base_nll: torch.Tensor,           # b_{theta,t}, (B, T)
                        mask: torch.Tensor,               # 0/1 or bool over response tokens, (B, T)
                        c_ref: float,                     # reference scale c_theta
                        config: ReconstructionLossConfig, # the lambda stack
+                       weights: ReferenceWeights | None = None,  # `loss_reference_weights` of this batch, if already computed
                       ) -> torch.Tensor:                 # W, (B, T), zero off the mask, no gradient
     "$W_{bt} = \\sum_k \\lambda_k \\omega^{(k)}_b \\pi^{(k)}_{bt} / C_k$: the stack $\\sum_k\\lambda_k R_k$ as one token weighting."
-    w = reference_weights(base_nll, mask, alpha=config.alpha, gamma=config.gamma, topk_fraction=config.topk_fraction,
-                          mean_one_lambda=config.mean_one_lambda)
+    w = weights if weights is not None else loss_reference_weights(base_nll, mask, config)
     W = torch.zeros_like(w.base_nll)
     for name, lam in config.lambdas().items():
         if lam == 0: continue

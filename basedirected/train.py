@@ -27,7 +27,7 @@ from .base import SurprisalCache
 from .conventions import trusted_values
 from .cvae import posterior_forward
 from .objective import (BETA_SCHEDULES, OBJECTIVE_NAMES, ORIGINAL_FLAG_ALIASES, ReconstructionLossConfig, free_bits_kl,
-                                    objective, objectives)
+                                    loss_reference_weights, objective, objectives)
 from .reconstruction import TERM_NAMES
 from .runs import (Run, RunConfig, RunDir, atomic_torch_save, atomic_write_json, check_run_dir, load_checkpoint,
                                prepare_run, resolve_device, truncate_log)
@@ -75,10 +75,10 @@ def evaluate(model: nn.Module,              # a CVAE
 
 # %% ../nbs/10_train.ipynb #303d7380
 def objective_terms(out, base_nll, mask, c_ref: float, beta: float, loss: ReconstructionLossConfig,
-                    free_bits: float = 0.0, free_bits_mode: str = "batch") -> dict[str, torch.Tensor]:
-    "Every term, the KL and the loss of one forward pass (the objective in float32), with the distillation term when present."
+                    free_bits: float = 0.0, free_bits_mode: str = "batch", weights=None) -> dict[str, torch.Tensor]:
+    "Every term, the KL and the loss of one forward pass (the objective in float32), with the distillation term when present; `weights`: the batch's `loss_reference_weights`, if already computed."
     terms = objective(out.nll.float(), base_nll, mask, c_ref, out.kl, beta, loss,
-                      kl_for_loss=free_bits_kl(out.kl, out.kl_per_dim, free_bits, free_bits_mode))
+                      kl_for_loss=free_bits_kl(out.kl, out.kl_per_dim, free_bits, free_bits_mode), weights=weights)
     if out.distill is not None:
         terms["distill"] = out.distill.mean()
         terms["loss"] = terms["loss"] + terms["distill"]
@@ -104,10 +104,11 @@ def train_step(run: Run, opt: torch.optim.Optimizer, step: int, beta: float, lr:
     else: b, mask = run.train_cache.lookup(idx)
     # forward (autocast) and objective (float32) with the value checks off: this step checks its own values below
     with trusted_values():
+        weights = loss_reference_weights(b, mask, run.config.loss)  # once per step: q* and the objective share them
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
             out = posterior_forward(model, rows, b, mask, run.c_ref, run.config.loss, beta,
-                                    torch.Generator().manual_seed(run.config.seed * 1_000_003 + step))
-        terms = objective_terms(out, b, mask, run.c_ref, beta, run.config.loss, tc.free_bits, tc.free_bits_mode)
+                                    torch.Generator().manual_seed(run.config.seed * 1_000_003 + step), weights)
+        terms = objective_terms(out, b, mask, run.c_ref, beta, run.config.loss, tc.free_bits, tc.free_bits_mode, weights)
     for g in opt.param_groups: g["lr"] = lr
     opt.zero_grad(set_to_none=True)
     terms["loss"].backward()
