@@ -239,10 +239,7 @@ class EncodedPairs(EncodedExamples):
     "A tokenized dataset encoded once into both layouts on one device; `select(indices)` as for `EncodedExamples`."
     def __init__(self, vocab: HFVocab, examples: list[Example], device: str | torch.device = "cpu"):
         if not examples: raise ValueError("examples is empty: nothing to encode")
-        base, gen = encode_examples(vocab, examples), encode_examples(vocab, examples, ["<znull>"] * len(examples))
-        self.base_len, self.gen_len = base.attention_mask.sum(1), gen.attention_mask.sum(1)
-        self.response_len = base.response_len.clone()
-        self.base, self.gen, self.device = base.to(device), gen.to(device), torch.device(device)
+        self._store(encode_examples(vocab, examples), encode_examples(vocab, examples, ["<znull>"] * len(examples)), device)
 
 def context_length(model: HFCausalLM) -> int | None:
     "The longest sequence the backbone reads (None where its config does not say)."

@@ -169,8 +169,11 @@ class EncodedExamples:
     "A dataset encoded once into both layouts on one device; `select(indices)` gathers a minibatch with no Python collation."
     def __init__(self, vocab: Vocab, examples: list[Example], device: str | torch.device = "cpu"):
         if not examples: raise ValueError("examples is empty: nothing to encode")
-        base, gen = collate(vocab, examples), collate(vocab, examples, ["<znull>"] * len(examples))
-        # host copies of the lengths: a selection's width is read without touching the device
+        self._store(collate(vocab, examples), collate(vocab, examples, ["<znull>"] * len(examples)), device)
+
+    def _store(self, base: Batch, gen: Batch, device):
+        "Keep both layouts (host tensors) on `device`, with host copies of the lengths a selection reads."
+        # host copies: a selection's widths are read without touching the device
         self.base_len, self.gen_len = base.attention_mask.sum(1), gen.attention_mask.sum(1)
         self.response_len = base.response_len.clone()
         self.prefix_len = gen.latent_position.clone()  # tokens before the code slot
