@@ -474,12 +474,12 @@ def hf_train_step(forward, model: DiscreteCVAE, opts: list, rows: EncodedPairs, 
         o.zero_grad(set_to_none=True)
     terms["loss"].backward()  # several processes: the gradients arrive averaged
     grad_norm = nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], tc.grad_clip)
-    flags = [float(torch.isfinite(out.nll[mask]).all()), float(torch.isfinite(out.kl).all())]
-    local = flags + torch.stack([v.detach().float() for v in terms.values()]).tolist()
+    # one host read: the finiteness flags, every term and the gradient norm (the same on every process after the all-reduce)
+    flags = torch.stack([torch.isfinite(torch.where(mask, out.nll, 0.0)).all(), torch.isfinite(out.kl).all()]).float()
+    *local, grad_norm = torch.cat([flags, torch.stack([v.detach().float() for v in terms.values()]), grad_norm.detach().float().reshape(1)]).tolist()
     every = _gather_floats(local, world, rows.device)
     ok = [min(r[i] for r in every) for i in range(2)]
     values = {k: (max if k == "kappa_max" else statistics.fmean)([r[2 + i] for r in every]) for i, k in enumerate(terms)}
-    grad_norm = float(grad_norm)
     record = {"step": step + 1, "split": "train", "beta": beta, "lr": lr}
     for term, good in (("nll", ok[0]), ("kl", ok[1]), ("loss", math.isfinite(values["loss"])), ("grad_norm", math.isfinite(grad_norm))):
         if not good:
