@@ -60,7 +60,9 @@ def check_positive(value,     # scalar, e.g. the reference scale c_ref
 _VALUE_CHECKS = contextvars.ContextVar("basedirected_value_checks", default=True)
 
 def value_checks_enabled() -> bool:
-    "Whether checks that read tensor values on the host run (True unless inside `trusted_values()`)."
+    "Whether checks that read tensor values on the host run (True unless inside `trusted_values()` or code being compiled)."
+    # compiled code cannot read values on the host without breaking its graph; its caller checks the results, as a trusted step does
+    if torch.compiler.is_compiling(): return False
     return _VALUE_CHECKS.get()
 
 @contextlib.contextmanager

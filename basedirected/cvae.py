@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .distributions import categorical_kl, gaussian_kl
 from .model import Batch, CausalLM, Rows, as_rows, gather_response, layout_tokens
@@ -20,7 +21,7 @@ from .tasks import Example, Vocab
 # %% auto #0
 __all__ = ['POSTERIORS', 'CVAEConfig', 'CVAEOutput', 'pooled_hidden', 'with_posterior', 'DiscreteCVAE',
            'shared_prefix_code_losses', 'ContinuousCVAE', 'build_cvae', 'cvae_forward', 'exact_posterior_logits',
-           'exact_objective', 'posterior_forward', 'router_logits']
+           'exact_objective', 'posterior_forward', 'exact_posterior', 'router_logits']
 
 # %% ../nbs/07_cvae.ipynb #b06353b4
 POSTERIORS = ("amortized", "exact", "exact+distill")
@@ -220,14 +221,16 @@ def cvae_forward(model: nn.Module, examples: list[Example], generator: torch.Gen
 # %% ../nbs/07_cvae.ipynb #3e16410f
 def exact_posterior_logits(code_loss: torch.Tensor,  # L_k: the objective's reconstruction under each code, (B, K)
                            r_logits: torch.Tensor,   # router logits, (B, K)
-                           beta: float,              # KL weight (>= 0)
+                           beta: float | torch.Tensor,  # KL weight (>= 0); a scalar tensor too (one per run of a group)
                           ) -> torch.Tensor:         # logits of q*, (B, K), no gradient
     "Logits of $q^\\star(k) \\propto r_k e^{-L_k/\\beta}$, the minimizer of $\\sum_k q_k L_k + \\beta\\,\\mathrm{KL}(q\\Vert r)$ (one-hot at $\\beta = 0$)."
     dtype = torch.promote_types(code_loss.dtype, torch.float32)  # at least float32; float64 stays float64
     with torch.no_grad():
-        if beta > 0: return torch.log_softmax(r_logits.to(dtype), -1) - code_loss.to(dtype) / beta
-        best = code_loss.argmin(-1, keepdim=True)
-        return torch.full(code_loss.shape, float("-inf"), dtype=dtype, device=code_loss.device).scatter(-1, best, 0.0)
+        log_r, L = torch.log_softmax(r_logits.to(dtype), -1), code_loss.to(dtype)
+        hard = lambda: torch.where(F.one_hot(L.argmin(-1), L.shape[-1]).bool(), 0.0, float("-inf")).to(dtype)
+        if not isinstance(beta, torch.Tensor): return log_r - L / beta if beta > 0 else hard()  # a number: chosen on the host
+        # a tensor (one per run of a vmapped group): both cases computed and selected, no branch on its value
+        return torch.where(beta > 0, log_r - L / torch.where(beta > 0, beta, 1.0).to(dtype), hard())
 
 def exact_objective(code_loss: torch.Tensor, r_logits: torch.Tensor, beta: float) -> torch.Tensor:
     "$\\mathcal J(q^\\star) = -\\beta \\log \\sum_k r_k e^{-L_k/\\beta}$ per example, `(B,)` ($\\min_k L_k$ at $\\beta = 0$)."
@@ -250,7 +253,14 @@ def posterior_forward(model: nn.Module,                  # a CVAE
     out = cvae_forward(model, examples, generator)
     if model.config.latent != "discrete" or model.config.posterior == "amortized": return out
     W = loss_token_weights(base_nll.to(out.nll_per_code.device), mask.to(out.nll_per_code.device), c_ref, loss, weights=weights)
-    code_loss = (W[:, None, :] * out.nll_per_code.float()).sum(-1)  # L_k, (B, K)
+    return exact_posterior(out, W, beta)
+
+def exact_posterior(out: CVAEOutput,                # a discrete forward pass with per-code losses (and q_xi's logits under exact+distill)
+                    token_weights: torch.Tensor,    # the objective's W, (B, T) (`loss_token_weights`)
+                    beta: float | torch.Tensor,     # the step's KL weight
+                   ) -> CVAEOutput:                 # `out` with q*, E_q*[l_t], the KL and the distillation term
+    "Fill in the exact posterior $q^\\star$ of the objective with token weights $W$: $L_k = \\sum_t W_t \\ell_t(k)$."
+    code_loss = (token_weights[:, None, :] * out.nll_per_code.float()).sum(-1)  # L_k, (B, K)
     q_star_logits = exact_posterior_logits(code_loss, out.r_logits, beta)
     if out.q_logits is not None:  # exact+distill: q_xi learns q* (cross-entropy to the stop-gradient target)
         out.distill = -(q_star_logits.softmax(-1) * torch.log_softmax(out.q_logits, -1)).sum(-1)

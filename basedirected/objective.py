@@ -17,7 +17,8 @@ from .weights import ReferenceWeights, reference_weights
 # %% auto #0
 __all__ = ['LOSS_PRESETS', 'BETA_SCHEDULES', 'OBJECTIVE_NAMES', 'ORIGINAL_FLAG_ALIASES', 'ReconstructionLossConfig',
            'BetaSchedule', 'free_bits_kl', 'Objective', 'objectives', 'objective', 'j_theta', 'j_celbo',
-           'loss_reference_weights', 'loss_token_weights', 'OriginalFlag', 'demo_batch', 'demo_main']
+           'loss_reference_weights', 'term_token_weights', 'loss_token_weights', 'OriginalFlag', 'demo_batch',
+           'demo_main']
 
 # %% ../nbs/04_objective.ipynb #4dd74166
 class _LossPresets:
@@ -193,6 +194,19 @@ def loss_reference_weights(base_nll: torch.Tensor,           # b_{theta,t}, (B, 
     return reference_weights(base_nll, mask, alpha=config.alpha, gamma=config.gamma, topk_fraction=config.topk_fraction,
                              mean_one_lambda=config.mean_one_lambda)
 
+def term_token_weights(weights: ReferenceWeights,  # `loss_reference_weights` of the batch
+                       c_ref: float,               # reference scale c_theta
+                       token_reduction: str = "mean",  # the loss configuration's (std's token sum under 'sum')
+                       names=TERM_NAMES,           # the terms wanted
+                      ) -> dict[str, torch.Tensor]:  # name -> (B, T), zero off the mask, no gradient
+    "Each term $R_k$ as a token weighting $\\omega^{(k)}_b \\pi^{(k)}_{bt} / C_k$, so that $R_k = \\frac1B\\sum_b\\sum_t (\\cdot)_{bt}\\,\\ell_{bt}$."
+    c_ref = check_nonnegative(c_ref, "c_ref")
+    out = {}
+    for name in names:
+        pi, omega, C = resolve_term(TERM_SPECS[name], weights, c_ref, token_reduction=token_reduction)
+        out[name] = (pi if omega is None else omega[:, None] * pi) / C * weights.mask
+    return out
+
 def loss_token_weights(base_nll: torch.Tensor,           # b_{theta,t}, (B, T)
                        mask: torch.Tensor,               # 0/1 or bool over response tokens, (B, T)
                        c_ref: float,                     # reference scale c_theta
@@ -201,12 +215,10 @@ def loss_token_weights(base_nll: torch.Tensor,           # b_{theta,t}, (B, T)
                       ) -> torch.Tensor:                 # W, (B, T), zero off the mask, no gradient
     "$W_{bt} = \\sum_k \\lambda_k \\omega^{(k)}_b \\pi^{(k)}_{bt} / C_k$: the stack $\\sum_k\\lambda_k R_k$ as one token weighting."
     w = weights if weights is not None else loss_reference_weights(base_nll, mask, config)
+    lams = {name.removeprefix("lambda_"): lam for name, lam in config.lambdas().items() if lam != 0}
     W = torch.zeros_like(w.base_nll)
-    for name, lam in config.lambdas().items():
-        if lam == 0: continue
-        pi, omega, C = resolve_term(TERM_SPECS[name.removeprefix("lambda_")], w, check_nonnegative(c_ref, "c_ref"), token_reduction=config.token_reduction)
-        W = W + lam * (pi if omega is None else omega[:, None] * pi) / C
-    return W * w.mask
+    for name, M in term_token_weights(w, c_ref, config.token_reduction, tuple(lams)).items(): W = W + lams[name] * M
+    return W
 
 # %% ../nbs/04_objective.ipynb #88d2014a
 class OriginalFlag(NamedTuple):

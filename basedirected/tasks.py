@@ -17,7 +17,7 @@ import torch
 
 # %% auto #0
 __all__ = ['SPECIALS', 'Example', 'TaskCheck', 'prefix_surprisal', 'Task', 'task_from_dict', 'Vocab', 'make_splits',
-           'batch_indices', 'example_record', 'export_jsonl']
+           'epoch_permutation', 'batch_indices', 'example_record', 'export_jsonl']
 
 # %% ../nbs/05_tasks.ipynb #c7a84b6f
 @dataclass(frozen=True)
@@ -165,12 +165,15 @@ def make_splits(task: Task,    # the task
     return train, pool[:n_eval]
 
 # %% ../nbs/05_tasks.ipynb #58492065
+def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    "The order in which epoch `epoch` visits `n` examples, seeded by `(seed, epoch)`."
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+
 def batch_indices(n: int, batch_size: int, seed: int, step: int) -> torch.Tensor:
-    "Indices of the examples in minibatch `step`: epoch-wise permutations seeded by `(seed, epoch)`."
+    "Indices of the examples in minibatch `step`: consecutive slices of each epoch's `epoch_permutation`."
     per_epoch = max(n // batch_size, 1)
     epoch, k = divmod(step, per_epoch)
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-    return perm[k * batch_size:(k + 1) * batch_size]
+    return epoch_permutation(n, seed, epoch)[k * batch_size:(k + 1) * batch_size]
 
 # %% ../nbs/05_tasks.ipynb #f99c612e
 def example_record(task: Task, e: Example) -> dict:
