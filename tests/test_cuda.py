@@ -98,3 +98,50 @@ def test_a_training_step_reads_the_device_once(base_dir, tmp_path, latent, poste
     syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
     print(f"{latent}/{posterior}: {len(syncs) / 4:.1f} host synchronizations per step", sorted({s[:100] for s in syncs}))
     assert len(syncs) <= 4, syncs
+
+
+@pytest.mark.parametrize("posterior", ["exact", "amortized"])
+def test_a_group_on_cuda_matches_its_runs_alone_on_cuda(base_dir, tmp_path, posterior):
+    "Three runs (two objectives, three betas, one of them 0) trained as one vmapped group on the GPU, and each alone there."
+    from basedirected.groups import train_group
+    from basedirected.train import train_run
+    cells = [("theta", "0.1"), ("celbo", "0.0"), ("celbo_scaled", "0.3")]
+    cfgs = [config("--posterior", posterior, "--objective", o, "--beta", b) for o, b in cells]
+    alone = [train_run(prepare_run(seeded(tmp_path / f"alone{i}", base_dir), c, device="cuda")) for i, c in enumerate(cfgs)]
+    runs = [prepare_run(seeded(tmp_path / f"group{i}", base_dir), c, device="cuda") for i, c in enumerate(cfgs)]
+    together = train_group(runs)
+    for i, (a, g) in enumerate(zip(alone, together)):
+        first = [next(r for r in read_log(tmp_path / f"{w}{i}" / "log.jsonl") if r["split"] == "train") for w in ("alone", "group")]
+        print(cells[i], {k: (first[0][k], first[1][k]) for k in ("loss", "kl", "theta")}, (a["loss"], g["loss"]))
+        for k in ("loss", "kl", "std", "theta"): assert first[1][k] == pytest.approx(first[0][k], rel=STEP_RTOL, abs=STEP_ATOL), k
+        assert g["loss"] == pytest.approx(a["loss"], rel=FINAL_RTOL)
+        assert (tmp_path / f"group{i}" / "eval.json").exists()
+
+
+def test_a_group_step_reads_the_device_once_and_compiles(base_dir, tmp_path):
+    from basedirected.groups import RunGroup
+    cfgs = [config("--posterior", "exact", "--beta", str(b)) for b in (0.05, 0.1, 0.2, 0.4)]
+    runs = [prepare_run(seeded(tmp_path / f"g{i}", base_dir), c, device="cuda") for i, c in enumerate(cfgs)]
+    group = RunGroup(runs)
+    group.step(0)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in range(1, 5): group.step(step)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
+    print(f"group of 4: {len(syncs) / 4:.1f} host synchronizations per step", sorted({s[:100] for s in syncs}))
+    assert len(syncs) <= 4, syncs
+
+
+def test_a_compiled_group_step_matches_the_eager_one(base_dir, tmp_path):
+    from basedirected.groups import RunGroup
+    cfgs = [config("--posterior", "exact", "--beta", str(b)) for b in (0.05, 0.1, 0.2, 0.4)]
+    compiled = RunGroup([prepare_run(seeded(tmp_path / f"c{i}", base_dir), c, device="cuda") for i, c in enumerate(cfgs)], compile=True)
+    records = [compiled.step(s) for s in range(3)]
+    eager = [RunGroup([prepare_run(seeded(tmp_path / f"e{i}", base_dir), c, device="cuda") for i, c in enumerate(cfgs)]).step(0)]
+    assert all(math.isfinite(r["loss"]) for rs in records for r in rs)
+    for a, b in zip(eager[0], records[0]): assert b["loss"] == pytest.approx(a["loss"], rel=STEP_RTOL, abs=STEP_ATOL)

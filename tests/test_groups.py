@@ -1,0 +1,75 @@
+"""Runs trained as one group: packing, AdamW per run against torch's AdamW (property-based), and the failure modes."""
+import dataclasses
+import json
+import math
+import shutil
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from basedirected.groups import GroupAdamW, RunGroup, group_key, pack_groups, train_group
+from basedirected.runs import RunConfig, prepare_run, read_log
+from basedirected.train import NonFiniteError, build_parser, config_from_args, train_run
+
+
+@settings(max_examples=25, deadline=None)
+@given(n_runs=st.integers(1, 4), steps=st.integers(1, 6), wd=st.sampled_from([0.0, 0.01, 0.3]), lr=st.sampled_from([1e-3, 3e-2]),
+       seed=st.integers(0, 10_000), skip=st.data())
+def test_group_adamw_is_torch_adamw_run_by_run(n_runs, steps, wd, lr, seed, skip):
+    g = torch.Generator().manual_seed(seed)
+    init = torch.randn(n_runs, 3, 2, generator=g)
+    stacked = {"w": init.clone().requires_grad_()}
+    opt = GroupAdamW(stacked, lr=lr, weight_decay=wd)
+    alone = [torch.nn.Parameter(init[n].clone()) for n in range(n_runs)]
+    opts = [torch.optim.AdamW([p], lr=lr, weight_decay=wd) for p in alone]
+    for s in range(steps):
+        grad = torch.randn(n_runs, 3, 2, generator=g)
+        scale = torch.rand(n_runs, generator=g) + 0.1
+        active = torch.tensor(skip.draw(st.lists(st.booleans(), min_size=n_runs, max_size=n_runs)))
+        stacked["w"].grad = grad.clone()
+        opt.step(lr, active, scale)
+        for n in range(n_runs):
+            if active[n]: alone[n].grad = grad[n] * scale[n]; opts[n].step()
+    for n in range(n_runs): torch.testing.assert_close(stacked["w"][n].detach(), alone[n].detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_pack_groups_keeps_unshareable_runs_alone_and_caps_the_size():
+    a = RunConfig()
+    cont = dataclasses.replace(a, cvae=dataclasses.replace(a.cvae, latent="continuous", posterior="amortized"))
+    recompute = dataclasses.replace(a, train=dataclasses.replace(a.train, recompute_reference=True))
+    assert group_key(cont) is None and group_key(recompute) is None
+    seeds = [dataclasses.replace(a, seed=s) for s in range(5)]
+    assert pack_groups([*seeds, cont, recompute], 2) == [[0, 1], [2, 3], [4], [5], [6]]
+
+
+def tiny(seed, beta, objective="theta", steps=6, lr="1e-3"):
+    argv = ["--objective", objective, "--beta", str(beta), "--seed", str(seed), "--n-train", "200", "--n-eval", "16",
+            "--base-steps", "20", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--d-ff", "64", "--K", "3",
+            "--posterior", "exact", "--steps", str(steps), "--batch-size", "8", "--c-samples", "32", "--eval-every", "3",
+            "--checkpoint-every", "3", "--lr", lr, "--max-nonfinite-steps", "0"]
+    return config_from_args(build_parser().parse_args(argv))
+
+
+def test_a_run_that_goes_non_finite_leaves_the_group_and_the_others_finish(tmp_path):
+    runs = [prepare_run(tmp_path / f"r{i}", tiny(0, b), "cpu") for i, b in enumerate((0.1, 0.2))]
+    for r in runs[1:]: shutil.copy(runs[0].dir.base, r.dir.base)
+    with torch.no_grad(): runs[1].model.generator.embed.weight[5:8] = float("nan")  # run 1's loss is NaN from step 1
+    results = train_group(runs)
+    assert isinstance(results[1], NonFiniteError) and not isinstance(results[0], Exception)
+    assert runs[0].dir.eval.exists() and not runs[1].dir.eval.exists()
+    assert [r["skipped"] for r in read_log(runs[1].dir.log)] == ["nll"]
+    assert [r["step"] for r in read_log(runs[0].dir.log) if r["split"] == "train"] == list(range(1, 7))
+
+
+def test_runs_resuming_from_different_steps_are_refused(tmp_path):
+    runs = [prepare_run(tmp_path / f"r{i}", tiny(i, 0.1), "cpu") for i in range(2)]
+    train_run(runs[0], stop_after=3)
+    again = [prepare_run(r.dir.path, r.config, "cpu") for r in runs]
+    with pytest.raises(ValueError, match="must resume from one step"): train_group(again)
+
+
+def test_runs_on_different_configurations_are_refused(tmp_path):
+    a = prepare_run(tmp_path / "a", tiny(0, 0.1), "cpu")
+    b = prepare_run(tmp_path / "b", tiny(0, 0.1, steps=7), "cpu")
+    with pytest.raises(ValueError, match="must share everything but seed"): RunGroup([a, b])
