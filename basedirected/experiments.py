@@ -21,14 +21,15 @@ from .base import FrozenReference
 from .metrics import break_even_beta, evaluate_model
 from .model import ModelConfig
 from .objective import OBJECTIVE_NAMES, objectives
-from .runs import (RunConfig, RunDir, atomic_write_bytes, atomic_write_json, environment_record, prepare_base, prepare_gate,
+from .runs import (RunConfig, RunDir, atomic_write_bytes, atomic_write_json, environment_record, load_checkpoint, prepare_base, prepare_gate,
                                prepare_reference_scale, prepare_run, read_json, resolve_device, run_vocab)
 from .tasks import make_splits
 from .train import TASKS, build_parser, config_from_args, kl_weight, train_run
+from .groups import pack_groups, train_group
 
 # %% auto #0
 __all__ = ['PRESETS', 'Preset', 'RunSpec', 'cell_argv', 'plan', 'plan_cost', 'base_dir', 'prepare_shared_base', 'run_cell',
-           'execute']
+           'run_group_cells', 'execute']
 
 # %% ../nbs/11_experiments.ipynb #7ef9c87a
 @dataclass(frozen=True)
@@ -163,9 +164,8 @@ def _stale(rd: RunDir, spec: RunSpec) -> bool:
     "The run directory holds a run made under another configuration."
     return rd.config.exists() and read_json(rd.config).get("config") != json.loads(json.dumps(spec.config.to_dict()))
 
-def run_cell(out: Path, spec: RunSpec, device: str = "auto", force: bool = False, n_generate: int = 64, threads: int | None = None) -> dict:
-    "Train and evaluate one cell; returns its metrics (read back from disk when the run already finished under the same configuration)."
-    if threads: torch.set_num_threads(threads)
+def _open_cell(out: Path, spec: RunSpec, force: bool) -> RunDir | dict:
+    "The cell's run directory, ready to train (its base copied in, its command written), or its metrics if it already finished."
     rd = RunDir(Path(out) / "runs" / spec.key)
     stale = _stale(rd, spec)
     if stale: print(f"{spec.key}: its configuration changed; rerunning it")
@@ -176,14 +176,15 @@ def run_cell(out: Path, spec: RunSpec, device: str = "auto", force: bool = False
     for name in ("base.pt", "reference_scale.json", "base_gate.json"):
         if not (rd.path / name).exists(): shutil.copy(base_dir(out, spec.regime, spec.seed) / name, rd.path / name)
     atomic_write_bytes(rd.command, (spec.command(str(rd.path)) + "\n").encode())
-    t0 = time.perf_counter()
-    run = prepare_run(rd.path, spec.config, device=device)
-    final = train_run(run)
+    return rd
+
+def _cell_record(spec: RunSpec, run, final: dict, seconds: float, n_generate: int) -> dict:
+    "Every metric of a trained cell, written to `metrics.json` (last: its presence marks the run finished)."
     beta = kl_weight(run, spec.config.train.steps)  # the final, effective KL weight
     metrics = evaluate_model(run.model, run.held_out, run.eval_cache, run.task, n_generate=n_generate, seed=spec.config.seed,
                              c_ref=run.c_ref, loss=spec.config.loss, beta=beta, reference=run.reference)
     diag = break_even_beta(run.task, run.held_out, run.eval_cache, run.c_ref, spec.config.loss)
-    scales = read_json(rd.scale)
+    scales = read_json(run.dir.scale)
     evals = {r["step"]: r["kl"] for r in run.log() if r["split"] == "eval"}  # how fast z escaped: held-out rate over training
     third = max(spec.config.train.steps // 3, 1)
     record = {"key": spec.key, "objective": spec.objective, "beta": spec.beta, "seed": spec.seed, "regime": spec.regime,
@@ -193,39 +194,81 @@ def run_cell(out: Path, spec: RunSpec, device: str = "auto", force: bool = False
               "rate_at_1_3": evals.get(third, float("nan")), "rate_at_2_3": evals.get(2 * third, float("nan")),
               **{f"gate_{k}": run.gate[k] for k in ("answer_accuracy", "valid_rate", "strategy_gap", "surprisal_excess")},
               "gate_passes": float(run.gate["passes"]),
-              "seconds": time.perf_counter() - t0, **{f"eval_{k}": v for k, v in final.items()}, **metrics}
-    atomic_write_json(rd.metrics, record)
+              "seconds": seconds, **{f"eval_{k}": v for k, v in final.items()}, **metrics}
+    atomic_write_json(run.dir.metrics, record)
     return record
 
+def run_cell(out: Path, spec: RunSpec, device: str = "auto", force: bool = False, n_generate: int = 64, threads: int | None = None) -> dict:
+    "Train and evaluate one cell; returns its metrics (read back from disk when the run already finished under the same configuration)."
+    if threads: torch.set_num_threads(threads)
+    rd = _open_cell(out, spec, force)
+    if isinstance(rd, dict): return rd
+    t0 = time.perf_counter()
+    run = prepare_run(rd.path, spec.config, device=device)
+    final = train_run(run)
+    return _cell_record(spec, run, final, time.perf_counter() - t0, n_generate)
+
+def run_group_cells(out: Path, specs: list[RunSpec], device: str = "auto", force: bool = False, n_generate: int = 64,
+                    threads: int | None = None, compile: bool = False) -> list[dict]:
+    "Train the unfinished cells of `specs` (one `group_key`) as groups, one per checkpoint step they resume from, then evaluate each; returns every cell's metrics in order."
+    if threads: torch.set_num_threads(threads)
+    opened = [_open_cell(out, s, force) for s in specs]
+    records = {i: rd for i, rd in enumerate(opened) if isinstance(rd, dict)}
+    t0 = time.perf_counter()
+    runs = {i: prepare_run(rd.path, specs[i].config, device=device) for i, rd in enumerate(opened) if i not in records}
+    by_start = {}
+    for i, run in runs.items():
+        start = load_checkpoint(run.dir.checkpoint)["step"] if run.dir.checkpoint.exists() else 0
+        by_start.setdefault(start, []).append(i)
+    finals = {}
+    for members in by_start.values():
+        if len(members) == 1: finals[members[0]] = train_run(runs[members[0]]); continue
+        finals.update(zip(members, train_group([runs[i] for i in members], compile=compile)))
+    seconds = (time.perf_counter() - t0) / max(len(runs), 1)  # a group's wall time, shared among its runs
+    for i in sorted(runs):
+        if not isinstance(finals[i], Exception): records[i] = _cell_record(specs[i], runs[i], finals[i], seconds, n_generate)
+    failed = [finals[i] for i in sorted(runs) if isinstance(finals[i], Exception)]
+    if failed: raise failed[0]  # the others are finished and written; a failed run stops the sweep, as alone
+    return [records[i] for i in range(len(specs))]
+
 # %% ../nbs/11_experiments.ipynb #743db029
-def execute(out: Path, preset: Preset, jobs: int = 1, device: str = "auto", force: bool = False, progress: bool = True) -> list[dict]:
-    "Run every cell of `preset` under `out`; returns one metrics record per run."
+def execute(out: Path, preset: Preset, jobs: int = 1, device: str = "auto", force: bool = False, progress: bool = True,
+            group_size: int = 1, compile: bool = False) -> list[dict]:
+    "Run every cell of `preset` under `out`, packing up to `group_size` cells that share a `group_key` into one trained group; returns one metrics record per run."
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     specs = plan(preset)
     if force and (out / "bases").exists(): shutil.rmtree(out / "bases")
     atomic_write_json(out / "preset.json", {"preset": asdict(preset), "environment": environment_record(preset.seeds[0])})
     from tqdm.auto import tqdm
     shared = {(s.regime, s.seed): s for s in specs}
+    packs = pack_groups([s.config for s in specs], group_size)
     n_gpu = torch.cuda.device_count() if device == "auto" else 0
-    devices = [f"cuda:{i % n_gpu}" if n_gpu else device for i in range(len(specs))]
-    records = []
+    devices = [f"cuda:{i % n_gpu}" if n_gpu else device for i in range(len(packs))]
+    work = lambda pack, dev, threads=None: (run_cell(out, specs[pack[0]], dev, force, preset.n_generate, threads) if len(pack) == 1 else
+                                            run_group_cells(out, [specs[i] for i in pack], dev, force, preset.n_generate, threads, compile))
+    records = {}
     if jobs <= 1:
         for s in tqdm(list(shared.values()), desc="base models", disable=not progress): prepare_shared_base(out, s, device)
         bar = tqdm(total=len(specs), desc="runs", disable=not progress)
-        for s, dev in zip(specs, devices):
-            bar.set_postfix_str(s.key); records.append(run_cell(out, s, dev, force, preset.n_generate)); bar.update()
+        for pack, dev in zip(packs, devices):
+            bar.set_postfix_str(specs[pack[0]].key + (f" (+{len(pack) - 1} in its group)" if len(pack) > 1 else ""))
+            got = work(pack, dev)
+            records.update(zip(pack, got if len(pack) > 1 else [got])); bar.update(len(pack))
     else:
         threads = max(1, (os.cpu_count() or 1) // jobs)
         ctx = torch.multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
             # the longest base trains first, and each run is queued once its own base is ready: no worker waits for another task's base
-            order = sorted(zip(shared.items(), devices), key=lambda item: -item[0][1].config.base.steps)
-            bases = {key: pool.submit(prepare_shared_base, out, s, dev, threads) for (key, s), dev in order}
+            order = sorted(shared.items(), key=lambda item: -item[1].config.base.steps)
+            bases = {key: pool.submit(prepare_shared_base, out, s, devices[i % len(devices)], threads) for i, (key, s) in enumerate(order)}
             bar = tqdm(total=len(specs), desc="runs", disable=not progress)
             futures = []
-            for s, dev in zip(specs, devices):
-                bases[(s.regime, s.seed)].result()
-                futures.append(pool.submit(run_cell, out, s, dev, force, preset.n_generate, threads))
-            for f in futures: records.append(f.result()); bar.update()
+            for pack, dev in zip(packs, devices):
+                for i in pack: bases[(specs[i].regime, specs[i].seed)].result()
+                futures.append((pack, pool.submit(run_cell, out, specs[pack[0]], dev, force, preset.n_generate, threads) if len(pack) == 1 else
+                                      pool.submit(run_group_cells, out, [specs[i] for i in pack], dev, force, preset.n_generate, threads, compile)))
+            for pack, f in futures:
+                got = f.result()
+                records.update(zip(pack, got if len(pack) > 1 else [got])); bar.update(len(pack))
     bar.close()
-    return records
+    return [records[i] for i in range(len(specs))]
