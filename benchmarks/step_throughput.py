@@ -12,13 +12,17 @@ tokens/s of:
 On CUDA it also prints the peak memory, host synchronizations per step (`torch.cuda.set_sync_debug_mode`), and the model
 FLOP utilisation: 6 x backbone parameters x tokens per step, against the chip's dense bf16 peak (--peak-tflops, known
 for H100/H200). Ratios are within one run of this script, so machine noise affects them less than absolute figures.
-Groups of N runs trained in one process are not implemented in this version, so no N-run figures are printed.
+Then, for groups of N runs trained in one process (`basedirected.groups.RunGroup`: stacked parameters, one vmapped step,
+AdamW per run; the runs differ in beta and code noise), milliseconds per group step, run-steps/min (N steps per group
+step), examples/s, tokens/s, model TFLOP/s and utilisation, and peak memory; on CUDA (or --compile) one group size also
+compiled, with its compile time.
 
-    python benchmarks/step_throughput.py [--steps 30] [--device auto] [--compile] [--out bench.json]
+    python benchmarks/step_throughput.py [--steps 30] [--device auto] [--compile] [--group-sizes 1,8,64] [--out bench.json]
 
 The base model is randomly initialized (throughput does not depend on training); nothing is written unless --out.
 """
 import argparse
+import dataclasses
 import json
 import platform
 import tempfile
@@ -29,6 +33,8 @@ import torch
 
 from basedirected.base import BaseTrainConfig
 from basedirected.cvae import CVAEConfig, build_cvae, cvae_forward, exact_objective
+from basedirected.groups import RunGroup
+from basedirected.objective import BetaSchedule
 from basedirected.model import ModelConfig, TinyCausalLM, as_rows
 from basedirected.runs import Run, RunConfig, RunDir, TrainConfig, resolve_device, run_vocab
 from basedirected.surprisal import ReferenceScale
@@ -51,6 +57,19 @@ def make_run(size: str, posterior: str, device, recompute: bool = False) -> Run:
     run = Run(RunDir(tempfile.mkdtemp()), cfg, device, vocab, train, held_out, base, ReferenceScale(0.3, 0.01, 100, "model"), model)
     run.train_cache, run.train_rows  # built once, outside the timing
     return run
+
+
+def group_of(run: Run, n: int) -> RunGroup:
+    "`n` runs sharing `run`'s base and data, each with its own CVAE (code noise seed) and beta."
+    runs = []
+    for i in range(n):
+        torch.manual_seed(i)
+        cfg = dataclasses.replace(run.config, train=dataclasses.replace(run.config.train, beta=BetaSchedule(beta=0.02 * (1 + i % 8))))
+        r = Run(run.dir, cfg, run.device, run.vocab, run.train, run.held_out, run.base, run.scale,
+                build_cvae(run.base, run.vocab, cfg.cvae, seed=i).to(run.device))
+        r.__dict__.update(train_cache=run.train_cache, train_rows=run.train_rows)  # shared: built once
+        runs.append(r)
+    return runs
 
 
 class CollatingRows:
@@ -116,13 +135,17 @@ def main():
     p.add_argument("--steps", type=int, default=30); p.add_argument("--device", default="auto"); p.add_argument("--out", default=None)
     p.add_argument("--compile", action="store_true", help="also time compiled backbones (default on CUDA)")
     p.add_argument("--sizes", default="quick,paper"); p.add_argument("--peak-tflops", type=float, default=None)
+    p.add_argument("--group-sizes", default=None, help="runs per group (default: 1,8,64 on CUDA, 1,4 on a CPU)")
+    p.add_argument("--compiled-group", type=int, default=None, help="the group size also timed compiled (default: the largest)")
+    p.add_argument("--attention-variants", default="", help="SDPA backends (flash, cudnn, efficient, math) also timed for the largest group")
+    p.add_argument("--parts", default="single,groups", help="what to time: single (one run, every variant), groups (N-run groups)")
     a = p.parse_args()
     device = resolve_device(a.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     peak = a.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if name and k in name), None)
     do_compile = a.compile or device.type == "cuda"
     rows = []
-    for size in a.sizes.split(","):
+    for size in (a.sizes.split(",") if "single" in a.parts else []):
         for posterior in ("exact", "amortized"):
             run = make_run(size, posterior, device)
             opt = torch.optim.AdamW(run.model.parameters(), lr=1e-4)
@@ -169,11 +192,44 @@ def main():
                   + (f"; compiled {r['compiled_ms']:.2f} ms ({full / compiled:.2f}x, compile {compile_s:.0f} s)" if compiled else "")
                   + (f"; {r['model_tflops']:.2f} TFLOP/s" + (f" = {100 * r['mfu']:.2f}% of {peak:.0f}" if peak else "") if device.type == "cuda" else "")
                   + (f"; peak memory {peak_mem:.0f} MiB; {n_sync:.1f} host syncs/step" if device.type == "cuda" else ""), flush=True)
+    groups = []
+    sizes_n = [int(n) for n in (a.group_sizes or ("1,8,64" if device.type == "cuda" else "1,4")).split(",")] if "groups" in a.parts else []
+    compiled_n = a.compiled_group if a.compiled_group is not None else (max(sizes_n) if do_compile and sizes_n else None)  # 0: none
+    for size in a.sizes.split(","):
+        run = make_run(size, "exact", device)
+        tokens = tokens_per_step(run)
+        params = sum(p.numel() for p in run.model.generator.parameters())
+        variants = [(n, c, None) for n in sizes_n for c in ((False, True) if n == compiled_n else (False,))]
+        variants += [(max(sizes_n), False, (v,)) for v in a.attention_variants.split(",") if v]
+        for n, compiled, attention in variants:
+            if True:
+                if device.type == "cuda": torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats(device)
+                try:
+                    group = RunGroup(group_of(run, n), compile=compiled, **({"attention": attention} if attention else {}))
+                    t0 = time.perf_counter(); group.step(0); sync(device)
+                    first = time.perf_counter() - t0  # compiled: tracing and code generation
+                    t = timed(lambda s: json.dumps(group.step(s)), a.steps, device, warmup=10 if compiled else 3)
+                except (RuntimeError, torch.OutOfMemoryError) as e:  # a size the device cannot take: said, not fatal
+                    print(f"{size:5s} group of {n:4d}{' compiled' if compiled else ''} {attention or ''}: failed: {str(e).splitlines()[0][:200]}", flush=True)
+                    groups.append({"size": size, "runs": n, "compiled": compiled, "error": str(e).splitlines()[0][:500]})
+                    group = None; continue
+                g = {"size": size, "posterior": "exact", "runs": n, "compiled": compiled, "attention": attention or "default", "compile_s": first if compiled else None,
+                     "ms_per_group_step": 1e3 * t, "run_steps_per_min": 60 * n / t, "examples_per_s": n * run.config.train.batch_size / t,
+                     "tokens_per_s": n * tokens / t, "model_tflops": 6 * params * tokens * n / t / 1e12,
+                     "peak_memory_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None}
+                g["mfu"] = g["model_tflops"] / peak if peak else None
+                groups.append(g)
+                label = " compiled" if compiled else f" {attention[0]:8s}" if attention else "         "
+                print(f"{size:5s} group of {n:4d}{label}: {g['ms_per_group_step']:8.2f} ms/group step, "
+                      f"{g['run_steps_per_min']:9.0f} run-steps/min, {g['examples_per_s']:9.0f} examples/s, {g['tokens_per_s']:11.0f} tokens/s, "
+                      f"{g['model_tflops']:.2f} TFLOP/s" + (f" = {100 * g['mfu']:.2f}% of peak" if peak else "")
+                      + (f"; compile {first:.0f} s" if compiled else "")
+                      + (f"; peak memory {g['peak_memory_mib']:.0f} MiB" if device.type == "cuda" else ""), flush=True)
+                del group
     env = {"device": str(device), "cuda": name, "peak_bf16_tflops": peak, "torch": torch.__version__,
-           "threads": torch.get_num_threads(), "machine": platform.machine(), "python": platform.python_version(),
-           "grouped_runs": "not implemented"}
+           "threads": torch.get_num_threads(), "machine": platform.machine(), "python": platform.python_version()}
     print(json.dumps(env))
-    if a.out: json.dump({"rows": rows, "environment": env, "steps": a.steps}, open(a.out, "w"), indent=2)
+    if a.out: json.dump({"rows": rows, "groups": groups, "environment": env, "steps": a.steps}, open(a.out, "w"), indent=2)
 
 
 if __name__ == "__main__":
