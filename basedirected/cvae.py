@@ -185,22 +185,25 @@ class ContinuousCVAE(nn.Module):
     def decode(self, batch: Batch, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         "Generator token losses `(rows, T)` with `z (rows, D)` injected, their mask, and the router's $(\\mu_r, \\log\\sigma_r^2)$."
         inj = self.inject(z.to(self.inject.weight.dtype))
-        # the injection's dtype follows autocast (bf16 on a GPU): the buffer takes it, the backbone casts it
-        extra = torch.zeros(*batch.ids.shape, inj.shape[-1], device=batch.ids.device, dtype=inj.dtype)
+        # inj at each row's code slot, 0 elsewhere: a product with the slot's one-hot, not an in-place write (vmap over runs
+        # cannot write batched values into a fresh buffer); the dtype follows autocast (bf16 on a GPU), the backbone casts it
+        slot = torch.arange(batch.ids.shape[1], device=inj.device)[None, :] == batch.latent_position[:, None]
+        extra = slot[..., None].to(inj.dtype) * inj[:, None, :]
         rows = torch.arange(len(z), device=inj.device)  # on the device: a host index would be a blocking copy
-        extra[rows, batch.latent_position] = inj
         logits, h = self.generator(batch.ids, batch.attention_mask, extra_embeddings=extra, return_hidden=True)
         nll, mask = gather_response(token_surprisal(logits, batch.ids), batch)
         # r(z|x) reads the hidden state at <z>, which precedes the injected position: z cannot leak into its own prior
         mu_r, logvar_r = self.router_head(h[rows, batch.latent_position - 1]).float().chunk(2, -1)
         return nll, mask, mu_r, logvar_r
 
-    def forward(self, examples: list[Example] | Rows, generator: torch.Generator | None = None) -> CVAEOutput:
+    def forward(self, examples: list[Example] | Rows, generator: torch.Generator | None = None,
+                eps: torch.Tensor | None = None) -> CVAEOutput:  # the standard-normal noise (B, S, D), if drawn by the caller
         "Reparameterized posterior expectation (`n_samples` draws) and the analytic KL."
         rows = as_rows(self.vocab, examples, _device(self))
         B, S, D = len(rows), self.config.n_samples, self.config.latent_dim
         mu_q, logvar_q = self.posterior_params(rows)
-        eps = torch.randn(B, S, D, generator=generator, device="cpu" if generator is None else generator.device).to(mu_q, non_blocking=True)
+        if eps is None: eps = torch.randn(B, S, D, generator=generator, device="cpu" if generator is None else generator.device)
+        eps = eps.to(mu_q, non_blocking=True)
         z = (mu_q[:, None] + (0.5 * logvar_q[:, None]).exp() * eps).reshape(B * S, D)
         gen = rows.with_codes(self.null_ids.expand(S))  # S copies of each row, <znull> in the code slot
         per_sample, mask, mu_r, logvar_r = self.decode(gen, z)

@@ -38,8 +38,8 @@ __all__ = ['GROUP_FREE_FIELDS', 'ATTENTION_BACKENDS', 'group_key', 'pack_groups'
 GROUP_FREE_FIELDS = ("seed", "objective", "loss", "train.beta", "train.beta_times_c_ref", "train.free_bits")
 
 def group_key(config: RunConfig) -> str | None:
-    "What runs of one group must share: `config` without `GROUP_FREE_FIELDS`; None for a run that trains alone (continuous latent, reference recomputed each step)."
-    if config.cvae.latent != "discrete" or config.train.recompute_reference: return None
+    "What runs of one group must share: `config` without `GROUP_FREE_FIELDS`; None for a run that trains alone (its reference recomputed each step)."
+    if config.train.recompute_reference: return None
     d = config.to_dict()
     for path in GROUP_FREE_FIELDS:
         *head, last = path.split(".")
@@ -191,7 +191,7 @@ class RunGroup:
                  attention: tuple[str, ...] = ("math",)):  # SDPA backends allowed in the vmapped step (ATTENTION_BACKENDS)
         keys = {group_key(r.config) for r in runs}
         if not runs: raise ValueError("a group needs at least one run")
-        if None in keys: raise ValueError("a run with a continuous latent or a recomputed reference trains alone, not in a group")
+        if None in keys: raise ValueError("a run whose reference is recomputed each step trains alone, not in a group")
         if len(keys) != 1: raise ValueError("the runs of a group must share everything but seed, objective, beta and free bits (see group_key)")
         if len({r.device for r in runs}) != 1: raise ValueError("the runs of a group must be on one device")
         self.runs, self.device, self.tc = runs, runs[0].device, runs[0].config.train
@@ -206,11 +206,13 @@ class RunGroup:
         self.free_bits = torch.tensor([r.config.train.free_bits for r in runs], device=self.device)
         self.params, self.buffers = stack_module_state([r.model for r in runs])
         self.template = copy.deepcopy(runs[0].model).to("meta")  # the architecture, without weights: functional_call supplies them
-        self.exact = runs[0].config.cvae.posterior != "amortized"
+        self.continuous = runs[0].config.cvae.latent == "continuous"
+        self.dimension_free_bits = self.tc.free_bits_mode == "dimension"
+        self.exact = not self.continuous and runs[0].config.cvae.posterior != "amortized"
         self.distill = runs[0].config.cvae.posterior == "exact+distill"
         self.opt = GroupAdamW(self.params, self.tc.lr, self.tc.weight_decay)
         self.alive = torch.ones(self.n, dtype=torch.bool, device=self.device)  # runs stopped by non-finite steps leave the group
-        self._forward = vmap(self._run_loss, in_dims=(0, 0, 0, 0, 0, 0, 0, None))
+        self._forward = vmap(self._run_loss, in_dims=(0, 0, 0, 0, 0, 0, 0, 0, None))
         # compiled, every step pads to the split's longest rows: one static shape, one compilation (vmap's batched tensors
         # do not take symbolic sizes, so dynamic shapes would fail and changing widths would recompile)
         self.compiled = compile
@@ -220,18 +222,20 @@ class RunGroup:
         if unknown: raise ValueError(f"attention backends must be among {', '.join(ATTENTION_BACKENDS)}, got {unknown[0]!r}")
         self.attention = [ATTENTION_BACKENDS[a] for a in attention]
 
-    def _run_loss(self, params, buffers, rows, W, M, beta, free_bits, widths):
+    def _run_loss(self, params, buffers, rows, W, M, beta, free_bits, eps, widths):
         "One run's loss and logged values (called under vmap: every argument but `widths` is this run's slice)."
         T, P, C = widths
         rows = Rows(Batch(rows["base_ids"], rows["base_mask"], rows["base_start"], rows["response_len"], rows["latent_position"], T),
                     Batch(rows["gen_ids"], rows["gen_mask"], rows["gen_start"], rows["response_len"], rows["latent_position"], T), P, C)
-        out = functional_call(self.template, (params, buffers), (rows,))
+        out = functional_call(self.template, (params, buffers), (rows,), {"eps": eps} if self.continuous else {})
         if self.exact: out = exact_posterior(out, W, beta)
         nll = out.nll.float()
         terms = (M * nll[:, None, :]).sum(-1).mean(0)            # every R_k: (1/B) sum_b sum_t M_bt l_bt
         recon = (W * nll).sum(-1).mean()
         kl = out.kl.mean()
-        loss = recon + beta * torch.maximum(kl, free_bits)          # the free-bits floor on the batch KL, as free_bits_kl
+        # the free-bits floor, as free_bits_kl: on the batch KL, or on each latent dimension's
+        floored = torch.maximum(out.kl_per_dim.mean(0), free_bits).sum() if self.dimension_free_bits else torch.maximum(kl, free_bits)
+        loss = recon + beta * floored
         extra = []
         if self.distill:
             extra = [out.distill.mean()]
@@ -242,6 +246,14 @@ class RunGroup:
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         if self.device.type != "cuda": return t
         return t.pin_memory().to(self.device, non_blocking=True)
+
+    def _noise(self, step: int) -> torch.Tensor:
+        "(N, B, S, D) standard-normal draws of a continuous latent, each run's from the generator its step seeds alone; (N,) zeros for a discrete one."
+        if not self.continuous: return torch.zeros(self.n, device=self.device)
+        c = self.runs[0].config.cvae
+        return self._to_device(torch.stack([torch.randn(self.batch_size, c.n_samples, c.latent_dim,
+                                                        generator=torch.Generator().manual_seed(r.config.seed * 1_000_003 + step))
+                                            for r in self.runs]))
 
     def _indices(self, step: int) -> torch.Tensor:
         "(N, B) host indices of every run's minibatch `step` (as `batch_indices`, with each epoch's permutation drawn once)."
@@ -275,7 +287,7 @@ class RunGroup:
         # so on CUDA the group's matrix products use TF32 tensor cores instead, for its forward and backward alike
         with trusted_values(), _tf32(self.device.type == "cuda"):
             with sdpa_kernel(self.attention):
-                losses, values = self._forward(self.params, self.buffers, rows, W, M, beta, self.free_bits, (T, P, C))
+                losses, values = self._forward(self.params, self.buffers, rows, W, M, beta, self.free_bits, self._noise(step), (T, P, C))
             self.opt.zero_grad()
             losses.sum().backward()
         grads = [p.grad.flatten(1) for p in self.params.values() if p.grad is not None]

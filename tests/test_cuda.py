@@ -100,13 +100,13 @@ def test_a_training_step_reads_the_device_once(base_dir, tmp_path, latent, poste
     assert len(syncs) <= 4, syncs
 
 
-@pytest.mark.parametrize("posterior", ["exact", "amortized"])
-def test_a_group_on_cuda_matches_its_runs_alone_on_cuda(base_dir, tmp_path, posterior):
+@pytest.mark.parametrize("latent,posterior", [("discrete", "exact"), ("discrete", "amortized"), ("continuous", "amortized")])
+def test_a_group_on_cuda_matches_its_runs_alone_on_cuda(base_dir, tmp_path, latent, posterior):
     "Three runs (two objectives, three betas, one of them 0) trained as one vmapped group on the GPU, and each alone there."
     from basedirected.groups import train_group
     from basedirected.train import train_run
     cells = [("theta", "0.1"), ("celbo", "0.0"), ("celbo_scaled", "0.3")]
-    cfgs = [config("--posterior", posterior, "--objective", o, "--beta", b) for o, b in cells]
+    cfgs = [config(*arm_args(latent, posterior), "--objective", o, "--beta", b) for o, b in cells]
     alone = [train_run(prepare_run(seeded(tmp_path / f"alone{i}", base_dir), c, device="cuda")) for i, c in enumerate(cfgs)]
     runs = [prepare_run(seeded(tmp_path / f"group{i}", base_dir), c, device="cuda") for i, c in enumerate(cfgs)]
     together = train_group(runs)

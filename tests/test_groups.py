@@ -38,15 +38,15 @@ def test_pack_groups_keeps_unshareable_runs_alone_and_caps_the_size():
     a = RunConfig()
     cont = dataclasses.replace(a, cvae=dataclasses.replace(a.cvae, latent="continuous", posterior="amortized"))
     recompute = dataclasses.replace(a, train=dataclasses.replace(a.train, recompute_reference=True))
-    assert group_key(cont) is None and group_key(recompute) is None
+    assert group_key(recompute) is None and group_key(cont) not in (None, group_key(a))
     seeds = [dataclasses.replace(a, seed=s) for s in range(5)]
-    assert pack_groups([*seeds, cont, recompute], 2) == [[0, 1], [2, 3], [4], [5], [6]]
+    assert pack_groups([*seeds, cont, recompute, cont], 2) == [[0, 1], [2, 3], [4], [5, 7], [6]]
 
 
-def tiny(seed, beta, objective="theta", steps=6, lr="1e-3"):
-    argv = ["--objective", objective, "--beta", str(beta), "--seed", str(seed), "--n-train", "200", "--n-eval", "16",
+def tiny(seed, beta, objective="theta", steps=6, lr="1e-3", extra=()):
+    argv = [*extra, "--objective", objective, "--beta", str(beta), "--seed", str(seed), "--n-train", "200", "--n-eval", "16",
             "--base-steps", "20", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--d-ff", "64", "--K", "3",
-            "--posterior", "exact", "--steps", str(steps), "--batch-size", "8", "--c-samples", "32", "--eval-every", "3",
+            *(() if "continuous" in extra else ("--posterior", "exact")), "--steps", str(steps), "--batch-size", "8", "--c-samples", "32", "--eval-every", "3",
             "--checkpoint-every", "3", "--lr", lr, "--max-nonfinite-steps", "0"]
     return config_from_args(build_parser().parse_args(argv))
 
@@ -73,3 +73,23 @@ def test_runs_on_different_configurations_are_refused(tmp_path):
     a = prepare_run(tmp_path / "a", tiny(0, 0.1), "cpu")
     b = prepare_run(tmp_path / "b", tiny(0, 0.1, steps=7), "cpu")
     with pytest.raises(ValueError, match="must share everything but seed"): RunGroup([a, b])
+
+
+def test_a_continuous_group_with_per_dimension_free_bits_is_its_runs_alone(tmp_path):
+    extra = ("--latent", "continuous", "--latent-dim", "3", "--free-bits-mode", "dimension", "--free-bits", "0.05")
+    cfgs = [tiny(0, 0.1, "celbo", extra=extra), tiny(0, 0.3, "theta", extra=extra)]
+    alone = []
+    for i, c in enumerate(cfgs):
+        r = prepare_run(tmp_path / f"a{i}", c, "cpu"); train_run(r); alone.append(r)
+    runs = []
+    for i, c in enumerate(cfgs):
+        (tmp_path / f"g{i}").mkdir()
+        for f in ("base.pt", "reference_scale.json"): shutil.copy(alone[i].dir.path / f, tmp_path / f"g{i}" / f)
+        runs.append(prepare_run(tmp_path / f"g{i}", c, "cpu"))
+    train_group(runs)
+    for a, g in zip(alone, runs):
+        la, lg = read_log(a.dir.log), read_log(g.dir.log)
+        assert len(la) == len(lg)
+        for ra, rg in zip(la, lg):
+            for k, v in ra.items():
+                if isinstance(v, float) and k not in ("examples_per_s",): assert math.isclose(v, rg[k], rel_tol=1e-4, abs_tol=1e-5), (k, v, rg[k])
