@@ -153,7 +153,7 @@ class HFCausalLM(nn.Module):
         # the layout's grammar: a code follows <z> and nothing else, so b_t never depends on the code rows
         logits = out.logits
         codes = logits[..., self.code_ids].masked_fill((ids != self.z_open)[..., None], torch.finfo(logits.dtype).min)
-        logits = logits.index_copy(-1, self.code_ids, codes)
+        logits[..., self.code_ids] = codes  # in place: a copy of (B, L, V) logits is gigabytes at a pretrained LM's vocabulary
         return (logits, out.hidden_states[-1]) if return_hidden else logits
 
 # %% ../nbs/10a_hf.ipynb #dff8881f

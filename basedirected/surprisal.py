@@ -10,22 +10,37 @@ from dataclasses import dataclass, asdict
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from .conventions import (NEGATIVE_SURPRISAL_TOLERANCE, check_batch, masked_fill_zero, masked_mean, reference_dtype,
                                       value_checks_enabled)
 
 # %% auto #0
-__all__ = ['token_surprisal', 'prepare_surprisal', 'base_mean', 'ReferenceScale', 'estimate_reference_scale']
+__all__ = ['SURPRISAL_CHUNK_ELEMENTS', 'token_surprisal', 'prepare_surprisal', 'base_mean', 'ReferenceScale',
+           'estimate_reference_scale']
 
 # %% ../nbs/01_surprisal.ipynb #b7d6b4c6
+SURPRISAL_CHUNK_ELEMENTS = 2**26  # float32 log-probabilities one piece of `token_surprisal` may hold (256 MiB)
+
 def token_surprisal(logits: torch.Tensor, # next-token logits of a causal LM, (B, L, V), any float dtype
                     ids: torch.Tensor,    # token ids of the same sequences, (B, L)
+                    chunk_elements: int | None = None,  # the most float32 log-probabilities held at once (None: SURPRISAL_CHUNK_ELEMENTS)
                    ) -> torch.Tensor:     # float32 surprisal of ids[:, 1:], (B, L-1)
     "Next-token surprisal $-\\log p(\\text{ids}_{i+1}|\\text{ids}_{\\le i})$ at every position; shape `(B, L-1)`."
     if logits.dim() != 3 or ids.dim() != 2 or logits.shape[:2] != ids.shape:
         raise ValueError(f"logits (B, L, V) and ids (B, L) disagree: {tuple(logits.shape)} vs {tuple(ids.shape)}")
-    pred = logits[:, :-1].float()  # log-softmax in float32 even when the model ran in bf16
-    return F.cross_entropy(pred.transpose(1, 2), ids[:, 1:], reduction="none")
+    pred, targets = logits[:, :-1], ids[:, 1:]
+    if chunk_elements is None: chunk_elements = SURPRISAL_CHUNK_ELEMENTS  # read at call time: a user may raise it to trade memory for speed
+    rows = max(1, chunk_elements // max(pred.shape[1] * pred.shape[2], 1))
+    if rows >= pred.shape[0]: return _row_surprisal(pred, targets)
+    # a large vocabulary: rows in pieces, each piece's float32 log-softmax recomputed in the backward instead of kept
+    keep = torch.is_grad_enabled() and pred.requires_grad
+    return torch.cat([checkpoint(_row_surprisal, pred[i:i + rows], targets[i:i + rows], use_reentrant=False) if keep
+                      else _row_surprisal(pred[i:i + rows], targets[i:i + rows]) for i in range(0, pred.shape[0], rows)])
+
+def _row_surprisal(pred, targets):
+    "Cross-entropy per position, with the log-softmax in float32 even when the model ran in bf16."
+    return F.cross_entropy(pred.float().transpose(1, 2), targets, reduction="none")
 
 # %% ../nbs/01_surprisal.ipynb #25f2bccb
 def prepare_surprisal(base_nll: torch.Tensor, # b_{theta,t} from the frozen base model, (B, T); NaN allowed off the mask
