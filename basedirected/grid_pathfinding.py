@@ -13,7 +13,7 @@ from .tasks import Example, Task, TaskCheck
 
 # %% auto #0
 __all__ = ['CELLS', 'MOVES', 'ROUTES', 'grid_input', 'draw_grid', 'walk', 'answer', 'GridPathfinding', 'render_trace', 'tied',
-           'revealed_early', 'sample_input', 'check_trace']
+           'revealed_early', 'sample_input', 'check_trace', 'route_failure']
 
 # %% ../nbs/05c_grid_pathfinding.ipynb #98c3743b
 CELLS = (".", "#", "S", "G")
@@ -161,3 +161,24 @@ def check_trace(task: GridPathfinding,  # the task (its strategies)
     matches = tuple(s for s, name in enumerate(task.strategies) if (w := walk(x, name)) is not None and _trace(x, w) == y)
     answer_ok = "=" in y and y[y.index("=") + 1:] == (answer(x),)
     return TaskCheck(bool(matches), matches, bool(answer_ok))
+
+# %% ../nbs/05c_grid_pathfinding.ipynb #4c31f547
+def route_failure(task: GridPathfinding,  # the task (its strategies)
+                  x,                      # the input cells, row-major
+                  y,                      # response tokens
+                 ) -> str:                # 'valid', 'blocked', 'short', 'long', 'switches' or 'miswritten'
+    "What a trace does wrong on its grid, read from its moves alone."
+    y = tuple(y)
+    if task.check(x, y).valid: return "valid"
+    size, (r, c), (gr, gc) = _endpoints(x)
+    shortest = abs(gr - r) + abs(gc - c)
+    moves = []
+    for i in range(2, len(y), 3):  # a trace is `r c`, then `move r c` per move
+        if y[i] not in MOVES: break
+        moves.append(y[i])
+    if any(w is not None and moves == [m for m, _, _ in w] for w in (walk(x, s) for s in task.strategies)): return "miswritten"
+    for m in moves:
+        r, c = r + MOVES[m][0], c + MOVES[m][1]
+        if not (0 <= r < size and 0 <= c < size) or x[r * size + c] == "#": return "blocked"
+    if (r, c) != (gr, gc): return "short"
+    return "switches" if len(moves) == shortest else "long"
