@@ -17,7 +17,8 @@ from .tasks import Example, Vocab, batch_indices
 
 # %% auto #0
 __all__ = ['GATE', 'GATE_SAMPLES_PER_INPUT', 'BaseTrainConfig', 'pretrain_base', 'FrozenReference', 'SurprisalCache',
-           'sample_responses', 'response_budget', 'estimate_model_reference_scale', 'gate_report', 'base_gate']
+           'sample_responses', 'response_budget', 'estimate_model_reference_scale', 'gate_report', 'base_gate',
+           'trace_log_probs', 'excess_decomposition']
 
 # %% ../nbs/06a_base.ipynb #1f00f362
 @dataclass(frozen=True)
@@ -208,4 +209,41 @@ def base_gate(base: CausalLM, vocab: Vocab, task, held_out: list[Example], cache
     ideal = [task.ideal_surprisal(e) for e in exs]
     ideal_per_token = None if any(i is None for i in ideal) else sum(map(sum, ideal)) / mask.sum().item()  # </y> costs 0
     report = gate_report(task, xs, ys, (b * mask).sum().item() / mask.sum().item(), ideal_per_token)
-    return {**report, "n_inputs": len(exs), "samples_per_input": samples_per_input}
+    parts = {}
+    if task.deterministic:  # where the excess goes (see below): diagnostics beside the verdict, not criteria
+        logp = trace_log_probs(base, vocab, task, exs, device=device)
+        if not torch.isnan(logp).any(-1).all():
+            d = excess_decomposition(logp, torch.tensor([task.strategy_prior(e.x) for e in exs], dtype=torch.float64))
+            parts = {"mixture_error": d["mixture_error"], "leak": d["leak"], "belief_entropy": d["belief_entropy"], "prior_entropy": d["prior_entropy"]}
+    return {**report, **parts, "n_inputs": len(exs), "samples_per_input": samples_per_input}
+
+# %% ../nbs/06a_base.ipynb #40b4d7f4
+@torch.no_grad()
+def trace_log_probs(model: CausalLM, vocab: Vocab, task, examples: list[Example], device: str | torch.device = "cpu",
+                    batch_size: int = 256) -> torch.Tensor:
+    "$\\log p_\\theta(y_s|x)$ of every strategy's trace (with its closing `</y>`) for each example, `(N, S)` float64; NaN rows where two strategies write the same trace."
+    if not task.deterministic: raise ValueError(f"trace_log_probs needs a task whose trace is fixed by (x, s); {type(task).__name__} samples its traces")
+    S = len(task.strategies)
+    traces = [[task.render(e.x, s) for s in range(S)] for e in examples]
+    flat = [Example(e.x, t, s) for e, ts in zip(examples, traces) for s, t in enumerate(ts)]
+    out = []
+    for i in range(0, len(flat), batch_size):
+        nll, mask = response_nll(model, collate(vocab, flat[i:i + batch_size]).to(device))
+        out.append(-(nll.double() * mask).sum(-1).cpu())
+    logp = torch.cat(out).view(len(examples), S)
+    logp[torch.tensor([len(set(ts)) < S for ts in traces], dtype=torch.bool)] = float("nan")  # a tie: one trace, two beliefs
+    return logp
+
+def excess_decomposition(logp: torch.Tensor,   # `trace_log_probs`, (N, S)
+                         prior: torch.Tensor,  # p(s|x) of the same inputs, (N, S)
+                        ) -> dict:             # means over the untied inputs, nats per example
+    "The base's expected excess over the ideal z-free code length, split into the mixture error $\\mathrm{KL}(p\\Vert q)$ and the leak $-\\log Z$."
+    keep = ~torch.isnan(logp).any(-1)
+    if not keep.any(): raise ValueError("every input is a tie: no belief about the strategy can be read")
+    lp, pr = logp[keep], prior[keep].to(logp.dtype)
+    logZ = torch.logsumexp(lp, -1)
+    logq = lp - logZ[:, None]
+    kl = torch.where(pr > 0, pr * (pr.clamp_min(1e-300).log() - logq), torch.zeros((), dtype=lp.dtype)).sum(-1)
+    entropy = lambda logits: -(logits.exp() * logits).nan_to_num().sum(-1)
+    return {"inputs": int(keep.sum()), "mixture_error": kl.mean().item(), "leak": (-logZ).mean().item(),
+            "belief_entropy": entropy(logq).mean().item(), "prior_entropy": entropy(pr.clamp_min(1e-300).log()).mean().item()}
