@@ -39,12 +39,14 @@ from .tasks import Task
 from .visiting_order import REGIMES, VisitingOrder
 
 TASKS = {t.name: t for t in (VisitingOrder, Sorting, GridPathfinding, Addition)}  # the synthetic tasks, by name
-# pre-training steps of each task's base (the default model): sorting needs 3,000 to pass the quality gate; no recipe tried
-# for grid pathfinding or addition passed it (see the task notebooks), so they keep the package default
-BASE_STEPS = {"visiting_order": 1500, "sorting": 3000, "grid_pathfinding": 1500, "addition": 1500}
+# each task's base recipe, the defaults of --base-steps, --d-model, --n-layers and --n-train: sorting needs 3,000 steps to pass
+# the quality gate; addition a wider, deeper model on 100,000 distinct inputs (on 20,000 it memorizes which procedure each
+# input was drawn with: notebook 05d); no recipe tried for grid pathfinding passed it (notebook 05c)
+BASE_RECIPES = {"visiting_order": {"steps": 1500}, "sorting": {"steps": 3000}, "grid_pathfinding": {"steps": 1500},
+                "addition": {"steps": 8000, "d_model": 128, "n_layers": 3, "n_train": 100000}}
 
 # %% auto #0
-__all__ = ['TASKS', 'BASE_STEPS', 'OPTIONS', 'evaluate', 'objective_terms', 'NonFiniteError', 'train_step', 'kl_weight',
+__all__ = ['TASKS', 'BASE_RECIPES', 'OPTIONS', 'evaluate', 'objective_terms', 'NonFiniteError', 'train_step', 'kl_weight',
            'train_cvae', 'train_run', 'BaseGateError', 'gate_message', 'compile_cvae', 'run', 'Option', 'build_parser',
            'task_from_args', 'config_from_args', 'train_main']
 
@@ -253,12 +255,12 @@ OPTIONS: tuple[Option, ...] = (
            "sorting and addition: short, long; grid_pathfinding: small, large, open (default: the task's defaults)", "task", default=None),
     Option("--prior", "task.prior", "strategy prior p(s|x) (default: the regime's)", "task", ("uniform", "input"), None),
     Option("--tie-fraction", "task.tie_fraction", "fraction of palindromic inputs, where l2r and r2l tie (default: the regime's)", "task", default=None),
-    Option("--n-train", "n_train", "training examples", "task"),
+    Option("--n-train", "n_train", "training examples (default: the task's recipe, else 20000)", "task", default=None),
     Option("--n-eval", "n_eval", "held-out examples (inputs unseen in training)", "task"),
-    Option("--base-steps", "base.steps", "z-free pre-training steps of the base model (default: the task's, BASE_STEPS: "
-           + ", ".join(f"{k} {v}" for k, v in BASE_STEPS.items()) + ")", "base model p_theta", default=None),
-    Option("--d-model", "base.model.d_model", "hidden width", "base model p_theta"),
-    Option("--n-layers", "base.model.n_layers", "transformer blocks", "base model p_theta"),
+    Option("--base-steps", "base.steps", "z-free pre-training steps of the base model (default: the task's recipe, BASE_RECIPES: "
+           + ", ".join(f"{k} {v['steps']}" for k, v in BASE_RECIPES.items()) + ")", "base model p_theta", default=None),
+    Option("--d-model", "base.model.d_model", "hidden width (default: the task's recipe, else 64)", "base model p_theta", default=None),
+    Option("--n-layers", "base.model.n_layers", "transformer blocks (default: the task's recipe, else 2)", "base model p_theta", default=None),
     Option("--n-heads", "base.model.n_heads", "attention heads", "base model p_theta"),
     Option("--d-ff", "base.model.d_ff", "MLP width (default: 4 d_model)", "base model p_theta", default=None),
     Option("--max-len", "base.model.max_len", "longest sequence the model reads", "base model p_theta"),
@@ -376,9 +378,13 @@ def task_from_args(a: argparse.Namespace, fields: dict) -> Task:
 def config_from_args(a: argparse.Namespace) -> RunConfig:
     "Validate the parsed options and build the `RunConfig`; `ValueError` names the offending option."
     given = {o.path: (getattr(a, o.dest), o.flag) for o in OPTIONS if o.path and getattr(a, o.dest) is not None}
-    d_model = given.get("base.model.d_model", (RunConfig().base.model.d_model,))[0]
+    recipe, m = BASE_RECIPES[a.task], RunConfig().base.model
+    given.setdefault("base.steps", (recipe["steps"], "--base-steps"))
+    given.setdefault("base.model.d_model", (recipe.get("d_model", m.d_model), "--d-model"))
+    given.setdefault("base.model.n_layers", (recipe.get("n_layers", m.n_layers), "--n-layers"))
+    given.setdefault("n_train", (recipe.get("n_train", RunConfig().n_train), "--n-train"))
+    d_model = given["base.model.d_model"][0]
     given.setdefault("base.model.d_ff", (4 * d_model, "--d-ff"))
-    given.setdefault("base.steps", (BASE_STEPS[a.task], "--base-steps"))
     # task: the regime's preset with its overridden fields
     task = task_from_args(a, {k[5:]: v for k, (v, _) in given.items() if k.startswith("task.")})
     # loss and KL treatment: the objective's, then field overrides
