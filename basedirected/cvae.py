@@ -111,17 +111,14 @@ class DiscreteCVAE(nn.Module):
         B, K = len(rows), self.config.K
         if self.shared_prefix and getattr(self.generator, "supports_packed_codes", False):
             per_code, mask, r_logits = shared_prefix_code_losses(self.generator, rows, self.code_ids)
-            out = CVAEOutput(None, mask, None, None, r=torch.softmax(r_logits, -1), nll_per_code=per_code, r_logits=r_logits)
-            if self.config.posterior == "exact": return out
-            out.q_logits = self.posterior_logits(rows).float()
-            return with_posterior(out, out.q_logits)
-        gen = rows.with_codes(self.code_ids)
-        logits = self.generator(gen.ids, gen.attention_mask)
-        per_code, mask = gather_response(token_surprisal(logits, gen.ids), gen)
-        per_code, mask = per_code.view(B, K, -1), mask.view(B, K, -1)[:, 0]
-        # r(z|x): the generator's next-token logits at <z>, restricted to the codes (rows k = 0 of each example)
-        at_z = logits.view(B, K, logits.shape[1], -1)[torch.arange(B, device=logits.device), 0, gen.latent_position.view(B, K)[:, 0] - 1]
-        r_logits = at_z[:, self.code_ids].float()
+        else:
+            gen = rows.with_codes(self.code_ids)
+            logits = self.generator(gen.ids, gen.attention_mask)
+            per_code, mask = gather_response(token_surprisal(logits, gen.ids), gen)
+            per_code, mask = per_code.view(B, K, -1), mask.view(B, K, -1)[:, 0]
+            # r(z|x): the generator's next-token logits at <z>, restricted to the codes (rows k = 0 of each example)
+            at_z = logits.view(B, K, logits.shape[1], -1)[torch.arange(B, device=logits.device), 0, gen.latent_position.view(B, K)[:, 0] - 1]
+            r_logits = at_z[:, self.code_ids].float()
         out = CVAEOutput(None, mask, None, None, r=torch.softmax(r_logits, -1), nll_per_code=per_code, r_logits=r_logits)
         if self.config.posterior == "exact": return out  # q* needs the objective: see `posterior_forward`
         out.q_logits = self.posterior_logits(rows).float()
