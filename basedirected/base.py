@@ -212,9 +212,9 @@ def base_gate(base: CausalLM, vocab: Vocab, task, held_out: list[Example], cache
     parts = {}
     if task.deterministic:  # where the excess goes (see below): diagnostics beside the verdict, not criteria
         logp = trace_log_probs(base, vocab, task, exs, device=device)
-        if not torch.isnan(logp).any(-1).all():
+        if not torch.isnan(logp).any(-1).all():  # some input is not a tie
             d = excess_decomposition(logp, torch.tensor([task.strategy_prior(e.x) for e in exs], dtype=torch.float64))
-            parts = {"mixture_error": d["mixture_error"], "leak": d["leak"], "belief_entropy": d["belief_entropy"], "prior_entropy": d["prior_entropy"]}
+            parts = {k: v for k, v in d.items() if k != "inputs"}
     return {**report, **parts, "n_inputs": len(exs), "samples_per_input": samples_per_input}
 
 # %% ../nbs/06a_base.ipynb #40b4d7f4
