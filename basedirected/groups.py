@@ -24,7 +24,7 @@ from .base import SurprisalCache
 from .conventions import trusted_values
 from .cvae import exact_posterior
 from .model import Batch, Rows
-from .objective import loss_reference_weights, term_token_weights
+from .objective import loss_reference_weights, loss_token_weights, term_token_weights
 from .reconstruction import TERM_NAMES
 from .runs import Run, RunConfig, atomic_write_json, load_checkpoint, truncate_log
 from .tasks import epoch_permutation
@@ -69,7 +69,6 @@ class TokenWeightTable:
                  config: RunConfig,             # gives the loss stack
                  chunk: int = 4096):            # examples per computation
         loss, values = config.loss, cache.values
-        lams = {name.removeprefix("lambda_"): lam for name, lam in loss.lambdas().items() if lam != 0}
         n, T = values.shape
         self.loss = torch.zeros(n, T, device=values.device)
         self.terms = torch.zeros(n, len(TERM_NAMES), T, device=values.device)
@@ -77,10 +76,11 @@ class TokenWeightTable:
         for i in range(0, n, chunk):
             lengths = cache.lengths[i:i + chunk].to(values.device)
             mask = torch.arange(T, device=values.device)[None, :] < lengths[:, None]
-            w = loss_reference_weights(values[i:i + chunk] * mask, mask, loss)
+            b = values[i:i + chunk] * mask
+            w = loss_reference_weights(b, mask, loss)
             M = term_token_weights(w, c_ref, loss.token_reduction)
             self.terms[i:i + chunk] = torch.stack([M[k] for k in TERM_NAMES], 1).float()
-            self.loss[i:i + chunk] = sum(lam * M[k] for k, lam in lams.items()).float()
+            self.loss[i:i + chunk] = loss_token_weights(b, mask, c_ref, loss, weights=w).float()
             self.stats[i:i + chunk] = torch.stack([getattr(w, f) for f in self.STATS], 1).float()
 
 # %% ../nbs/10b_groups.ipynb #391d96b4
@@ -105,11 +105,7 @@ class GroupAdamW:
             if p.grad is None: continue  # as torch's AdamW: a parameter without a gradient is not touched
             shape = (-1,) + (1,) * (p.dim() - 1)
             grad = p.grad if grad_scale is None else p.grad * grad_scale.to(p.grad.dtype).view(shape)
-            st = self.state.get(name)
-            if st is None:
-                st = self.state[name] = {"step": torch.zeros(self.n_runs, device=p.device), "exp_avg": torch.zeros_like(p),
-                                         "exp_avg_sq": torch.zeros_like(p)}
-            on = active.view(shape)
+            st, on = self._state(name), active.view(shape)
             st["step"] += active.to(st["step"].dtype)
             # torch.optim.AdamW (single-tensor form): decay, moments, bias-corrected step; the corrections in float64, as its Python floats
             step = st["step"].double().view(shape)
@@ -121,6 +117,13 @@ class GroupAdamW:
             p.copy_(torch.where(on, param, p))
             st["exp_avg"].copy_(torch.where(on, exp_avg, st["exp_avg"]))
             st["exp_avg_sq"].copy_(torch.where(on, exp_avg_sq, st["exp_avg_sq"]))
+
+    def _state(self, name: str) -> dict[str, torch.Tensor]:
+        "The moments and step counts of parameter `name`, made (zero) at its first use."
+        p = self.params[name]
+        if name not in self.state:
+            self.state[name] = {"step": torch.zeros(self.n_runs, device=p.device), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+        return self.state[name]
 
     def run_state_dict(self, run: int, model: nn.Module, lr: float) -> dict:
         "Run `run`'s state as `torch.optim.AdamW(model.parameters()).state_dict()` (the format a run trained alone checkpoints)."
@@ -136,12 +139,10 @@ class GroupAdamW:
         "Load run `run`'s state from a `torch.optim.AdamW` state dict over the same model's parameters."
         names = list(self.params)
         for j, st in state["state"].items():
-            name, p = names[int(j)], self.params[names[int(j)]]
-            mine = self.state.setdefault(name, {"step": torch.zeros(self.n_runs, device=p.device), "exp_avg": torch.zeros_like(p),
-                                                "exp_avg_sq": torch.zeros_like(p)})
+            mine = self._state(names[int(j)])
             mine["step"][run] = float(st["step"])
-            mine["exp_avg"][run] = st["exp_avg"].to(p.device)
-            mine["exp_avg_sq"][run] = st["exp_avg_sq"].to(p.device)
+            mine["exp_avg"][run] = st["exp_avg"]
+            mine["exp_avg_sq"][run] = st["exp_avg_sq"]
 
 # %% ../nbs/10b_groups.ipynb #68d7b786
 # the unfused attention is the default: plain batched matrix products, which vmap batches over runs like any other op.
@@ -199,6 +200,7 @@ class RunGroup:
         self.data = _SeedData(runs)
         self.seed_of_run = [self.data.seeds.index(r.config.seed) for r in runs]
         self.seed_index = torch.tensor(self.seed_of_run, device=self.device)
+        self._host_seed, self._run_index = torch.tensor(self.seed_of_run)[:, None], torch.arange(self.n, device=self.device)[:, None]
         tables = [TokenWeightTable(self.data.caches[s], r.c_ref, r.config) for r, s in zip(runs, self.seed_of_run)]
         self.loss_table = torch.stack([t.loss for t in tables])
         self.term_table = torch.stack([t.terms for t in tables])
@@ -267,7 +269,7 @@ class RunGroup:
         "One optimizer step of every run; the log record of each (as `train_step` writes it)."
         t0, d = time.perf_counter(), self.data
         idx = self._indices(step)
-        s_host = torch.tensor(self.seed_of_run)[:, None]
+        s_host = self._host_seed
         T = int(d.host_response_len[s_host, idx].max())
         Lb, Lg = int(d.host_base_len[s_host, idx].max()), int(d.host_gen_len[s_host, idx].max())
         P, C = int(d.host_prefix_len[s_host, idx].max()), int(d.host_suffix_len[s_host, idx].max())
@@ -278,7 +280,7 @@ class RunGroup:
         lr = self.tc.lr_at(step)
         # host -> device through pinned memory: asynchronous, so the step's one sync stays the read at its end
         at, beta = (self._to_device(t) for t in (idx, torch.tensor(betas)))
-        s, run = self.seed_index[:, None], torch.arange(self.n, device=self.device)[:, None]
+        s, run = self.seed_index[:, None], self._run_index
         rows = {"base_ids": d.base_ids[s, at, :Lb], "base_mask": d.base_mask[s, at, :Lb], "base_start": d.base_start[s, at],
                 "gen_ids": d.gen_ids[s, at, :Lg], "gen_mask": d.gen_mask[s, at, :Lg], "gen_start": d.gen_start[s, at],
                 "response_len": d.response_len[s, at], "latent_position": d.latent_position[s, at]}
