@@ -231,6 +231,11 @@ def run_group_cells(out: Path, specs: list[RunSpec], device: str = "auto", force
     if failed: raise failed[0]  # the others are finished and written; a failed run stops the sweep, as alone
     return [records[i] for i in range(len(specs))]
 
+def _run_pack(out: Path, specs: list[RunSpec], device: str, force: bool, n_generate: int, threads: int | None, compile: bool) -> list[dict]:
+    "The metrics of one pack of cells: a single cell alone (`run_cell`), several as a group (`run_group_cells`)."
+    if len(specs) == 1: return [run_cell(out, specs[0], device, force, n_generate, threads)]
+    return run_group_cells(out, specs, device, force, n_generate, threads, compile)
+
 # %% ../nbs/11_experiments.ipynb #743db029
 def execute(out: Path, preset: Preset, jobs: int = 1, device: str = "auto", force: bool = False, progress: bool = True,
             group_size: int = 1, compile: bool = False) -> list[dict]:
@@ -244,16 +249,13 @@ def execute(out: Path, preset: Preset, jobs: int = 1, device: str = "auto", forc
     packs = pack_groups([s.config for s in specs], group_size)
     n_gpu = torch.cuda.device_count() if device == "auto" else 0
     devices = [f"cuda:{i % n_gpu}" if n_gpu else device for i in range(len(packs))]
-    work = lambda pack, dev, threads=None: (run_cell(out, specs[pack[0]], dev, force, preset.n_generate, threads) if len(pack) == 1 else
-                                            run_group_cells(out, [specs[i] for i in pack], dev, force, preset.n_generate, threads, compile))
     records = {}
     if jobs <= 1:
         for s in tqdm(list(shared.values()), desc="base models", disable=not progress): prepare_shared_base(out, s, device)
         bar = tqdm(total=len(specs), desc="runs", disable=not progress)
         for pack, dev in zip(packs, devices):
             bar.set_postfix_str(specs[pack[0]].key + (f" (+{len(pack) - 1} in its group)" if len(pack) > 1 else ""))
-            got = work(pack, dev)
-            records.update(zip(pack, got if len(pack) > 1 else [got])); bar.update(len(pack))
+            records.update(zip(pack, _run_pack(out, [specs[i] for i in pack], dev, force, preset.n_generate, None, compile))); bar.update(len(pack))
     else:
         threads = max(1, (os.cpu_count() or 1) // jobs)
         ctx = torch.multiprocessing.get_context("spawn")
@@ -265,10 +267,7 @@ def execute(out: Path, preset: Preset, jobs: int = 1, device: str = "auto", forc
             futures = []
             for pack, dev in zip(packs, devices):
                 for i in pack: bases[(specs[i].regime, specs[i].seed)].result()
-                futures.append((pack, pool.submit(run_cell, out, specs[pack[0]], dev, force, preset.n_generate, threads) if len(pack) == 1 else
-                                      pool.submit(run_group_cells, out, [specs[i] for i in pack], dev, force, preset.n_generate, threads, compile)))
-            for pack, f in futures:
-                got = f.result()
-                records.update(zip(pack, got if len(pack) > 1 else [got])); bar.update(len(pack))
+                futures.append((pack, pool.submit(_run_pack, out, [specs[i] for i in pack], dev, force, preset.n_generate, threads, compile)))
+            for pack, f in futures: records.update(zip(pack, f.result())); bar.update(len(pack))
     bar.close()
     return [records[i] for i in range(len(specs))]
