@@ -44,13 +44,16 @@ def pretrain_base(vocab: Vocab,                     # the run's vocabulary
                   seed: int = 0,                    # parameter init and batch order
                   device: str | torch.device = "cpu",
                   progress: bool = False,           # show a progress bar
+                  on_step=None,                     # called as on_step(step, model) after each update (1-based), e.g. to measure the gate while it trains
                  ) -> tuple[TinyCausalLM, list[float]]:
     "Train $p_\\theta$ z-free on `train`; returns the model (eval mode) and its loss curve."
     torch.manual_seed(seed)  # parameter init only; batches come from batch_indices
     device = torch.device(device)
     model = TinyCausalLM(len(vocab), config.model).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, config.lr, total_steps=config.steps, pct_start=0.1)
+    # one-cycle needs a warm-up of at least one step (more than 10 steps in all); shorter smoke runs keep the peak rate
+    sched = (torch.optim.lr_scheduler.OneCycleLR(opt, config.lr, total_steps=config.steps, pct_start=0.1) if config.steps > 10
+             else torch.optim.lr_scheduler.ConstantLR(opt, factor=1.0, total_iters=0))
     losses, bar = [], range(config.steps)
     # bf16 autocast on CUDA only; the loss is reduced in float32
     if progress:
@@ -67,6 +70,9 @@ def pretrain_base(vocab: Vocab,                     # the run's vocabulary
             loss = loss + nll[mask].sum() / sum(len(e.y) + 1 for e in exs)
         opt.zero_grad(set_to_none=True); loss.backward(); opt.step(); sched.step()
         losses.append(loss.item())
+        if on_step is not None:
+            with torch.no_grad(): on_step(step + 1, model.eval())
+            model.train()
     return model.eval(), losses
 
 # %% ../nbs/06a_base.ipynb #97c3813b
