@@ -19,3 +19,16 @@ def test_step_throughput_benchmark_runs_and_writes_its_figures(tmp_path):
     groups = figures["groups"]
     assert {(g["size"], g["runs"]) for g in groups} == {(s, n) for s in ("quick", "paper") for n in (1, 4)}
     assert all(g["run_steps_per_min"] > 0 for g in groups)
+
+
+def test_base_recipe_script_writes_the_gate_and_the_learning_curve(tmp_path):
+    out = tmp_path / "recipe.json"
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "base_recipe.py"), "--task", "grid_pathfinding", "--grammar", "cell+distance",
+                        "--base-steps", "12", "--every", "6", "--n-train", "200", "--n-eval", "16", "--gate-inputs", "8", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    figures = json.loads(out.read_text())
+    assert [c["step"] for c in figures["curve"]] == [6, 12] and all(c["leak"] > 0 for c in figures["curve"])
+    assert set(figures["gate"]) == {"held_out", "train"} and all(g["n_inputs"] == 8 for g in figures["gate"].values())
+    assert figures["grammar"] == "cell+distance" and figures["base"]["steps"] == 12
+    assert "," in p.stdout.splitlines()[0]  # the response names cells as one token each ("3,2")

@@ -1,0 +1,104 @@
+"""Train one task's base model under a recipe and print how it learns: the quality gate on held-out and on training inputs,
+and the excess decomposition (mixture error and leak, nats per example) every `--every` steps of its schedule.
+
+Every option of `basedirected-train` that shapes the base is accepted (`--task`, `--base-steps`, `--d-model`, `--n-layers`,
+`--n-train`, `--seed`, ...). `--grammar` rewrites grid pathfinding's trace for a diagnosis: `cell` writes each visited cell
+as one token (`3,2`) instead of a row and a column token, `cell+distance` adds the distance still to go after each cell.
+
+    python benchmarks/base_recipe.py --task grid_pathfinding --base-steps 10000 --seed 1 --every 1000 --out grid.json
+
+Figures are printed and written, never asserted: this is the instrument behind the recipe tables of the task notebooks.
+"""
+import argparse
+import dataclasses
+import json
+import time
+
+import torch
+
+import basedirected.grid_pathfinding as gp
+from basedirected.base import FrozenReference, SurprisalCache, base_gate, excess_decomposition, pretrain_base, trace_log_probs
+from basedirected.runs import run_vocab
+from basedirected.tasks import TaskCheck, make_splits
+from basedirected.train import build_parser, config_from_args
+
+GRAMMARS = ("rc", "cell", "cell+distance")
+
+
+@dataclasses.dataclass(frozen=True)
+class CellGrid(gp.GridPathfinding):
+    "Grid pathfinding whose trace names each cell with one token (diagnosis only: not a registered task)."
+    with_distance: bool = False
+
+    @property
+    def tokens(self):
+        return super().tokens + tuple(f"{r},{c}" for r in range(6) for c in range(6))
+
+    def trace(self, x, moves):
+        _, (r, c), (gr, gc) = gp._endpoints(x)
+        togo = lambda r, c: (str(abs(gr - r) + abs(gc - c)),) if self.with_distance else ()
+        steps = tuple(t for m, mr, mc in moves for t in (m, f"{mr},{mc}", *togo(mr, mc)))
+        return (f"{r},{c}", *togo(r, c)) + steps + ("=", gp.answer(x))
+
+    def render(self, x, strategy, rng=None):
+        moves = gp.walk(x, self.strategies[strategy])
+        if moves is None: raise ValueError(f"{self.strategies[strategy]} gets stuck on this grid")
+        return self.trace(x, moves)
+
+    def check(self, x, y):
+        y = tuple(y)
+        hits = tuple(s for s, name in enumerate(self.strategies) if (w := gp.walk(x, name)) is not None and self.trace(x, w) == y)
+        return TaskCheck(bool(hits), hits, "=" in y and y[y.index("=") + 1:] == (gp.answer(x),))
+
+
+def rounded(d): return {k: round(v, 4) if isinstance(v, float) else v for k, v in d.items() if k != "data_frequencies"}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=True)
+    p.add_argument("--every", type=int, default=0, help="measure the decomposition every this many steps (0: only at the end)")
+    p.add_argument("--grammar", choices=GRAMMARS, default="rc", help="grid pathfinding only: how the trace writes a cell")
+    p.add_argument("--gate-inputs", type=int, default=256, help="held-out (and training) inputs the gate samples")
+    p.add_argument("--base-lr", type=float, default=None, help="peak learning rate of the base's one-cycle schedule (default: BaseTrainConfig's)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--out", default=None, help="write the figures to this JSON file")
+    own, rest = p.parse_known_args(argv)
+    if own.threads: torch.set_num_threads(own.threads)
+    cfg = config_from_args(build_parser().parse_args(rest))
+    if own.base_lr is not None: cfg = dataclasses.replace(cfg, base=dataclasses.replace(cfg.base, lr=own.base_lr))
+    if own.grammar != "rc":
+        if not isinstance(cfg.task, gp.GridPathfinding): raise SystemExit(f"--grammar {own.grammar} applies to grid_pathfinding, not {cfg.task.name}")
+        cfg = dataclasses.replace(cfg, task=CellGrid(**{f.name: getattr(cfg.task, f.name) for f in dataclasses.fields(cfg.task)},
+                                                     with_distance=own.grammar == "cell+distance"))
+    vocab = run_vocab(cfg)
+    train, held = make_splits(cfg.task, cfg.n_train, cfg.n_eval, seed=cfg.seed)
+    print("one response:", " ".join(held[0].y), flush=True)
+    n = own.gate_inputs
+    curve = []
+    if own.every and cfg.task.deterministic:
+        watch = held[:n]
+        prior = torch.tensor([cfg.task.strategy_prior(e.x) for e in watch], dtype=torch.float64)
+        def on_step(step, model):
+            if step % own.every: return
+            d = excess_decomposition(trace_log_probs(model, vocab, cfg.task, watch), prior)
+            curve.append({"step": step, "mixture_error": d["mixture_error"], "leak": d["leak"]})
+            print(f"step {step}: mixture error {d['mixture_error']:.4f}, leak {d['leak']:.4f} nats per example", flush=True)
+    else:
+        on_step = None
+    t0 = time.time()
+    base, losses = pretrain_base(vocab, train, cfg.base, seed=cfg.seed, on_step=on_step)
+    seconds = time.time() - t0
+    gates = {}
+    for name, exs in (("held_out", held[:n]), ("train", train[:n])):
+        cache = SurprisalCache(FrozenReference(base), vocab, exs)
+        gates[name] = rounded(base_gate(base, vocab, cfg.task, exs, cache, n=n))
+        print(name, gates[name], flush=True)
+    figures = {"task": cfg.task.name, "grammar": own.grammar, "seed": cfg.seed, "base": cfg.base.to_dict(), "n_train": cfg.n_train,
+               "train_seconds": round(seconds, 1), "final_loss": losses[-1], "curve": curve, "gate": gates}
+    if own.out:
+        with open(own.out, "w") as f: json.dump(figures, f, indent=1)
+    return figures
+
+
+if __name__ == "__main__":
+    main()
