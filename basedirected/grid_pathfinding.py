@@ -148,9 +148,6 @@ def sample_input(task: GridPathfinding,  # the task and its regime
         if (all(walk(x, s) for s in task.strategies) if want_tie else revealed_early(task, x)): return x
     raise RuntimeError(f"no {'tied' if want_tie else 'early-revealing'} grid in {max_tries} draws")
 
-# %% ../nbs/05c_grid_pathfinding.ipynb #2a79288b
-#| export
-
 # %% ../nbs/05c_grid_pathfinding.ipynb #bf83f365
 def check_trace(task: GridPathfinding,  # the task (its strategies)
                 x,                      # the input cells, row-major
