@@ -102,6 +102,7 @@ class GridPathfinding(Task):
     def render(self, x, strategy: int, rng: random.Random | None = None) -> tuple[str, ...]: return render_trace(self, x, strategy)
     def sample_input(self, rng: random.Random): return sample_input(self, rng)  # `Task.sample` draws s and renders
     def check(self, x, y) -> TaskCheck: return check_trace(self, x, y)
+    def trace(self, x, moves) -> tuple[str, ...]: return _trace(x, moves)  # the grammar: render and check both write through it
     def answer(self, x) -> str: return answer(x)
 
 # %% ../nbs/05c_grid_pathfinding.ipynb #ad35a68e
@@ -112,7 +113,7 @@ def render_trace(task: GridPathfinding,  # the task (its strategy names)
     "The response $y$ strategy `task.strategies[strategy]` writes on grid `x`."
     moves = walk(x, task.strategies[strategy])
     if moves is None: raise ValueError(f"{task.strategies[strategy]} gets stuck on this grid")
-    return _trace(x, moves)
+    return task.trace(x, moves)
 
 # %% ../nbs/05c_grid_pathfinding.ipynb #9471d535
 def tied(task: GridPathfinding,  # the task (its strategies)
@@ -155,7 +156,7 @@ def check_trace(task: GridPathfinding,  # the task (its strategies)
                ) -> TaskCheck:
     "Score a response `y` (tokens) against grid `x`."
     y = tuple(y)
-    matches = tuple(s for s, name in enumerate(task.strategies) if (w := walk(x, name)) is not None and _trace(x, w) == y)
+    matches = tuple(s for s, name in enumerate(task.strategies) if (w := walk(x, name)) is not None and task.trace(x, w) == y)
     answer_ok = "=" in y and y[y.index("=") + 1:] == (answer(x),)
     return TaskCheck(bool(matches), matches, bool(answer_ok))
 

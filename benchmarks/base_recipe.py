@@ -19,7 +19,7 @@ import torch
 import basedirected.grid_pathfinding as gp
 from basedirected.base import FrozenReference, SurprisalCache, base_gate, excess_decomposition, pretrain_base, trace_log_probs
 from basedirected.runs import run_vocab
-from basedirected.tasks import TaskCheck, make_splits
+from basedirected.tasks import make_splits
 from basedirected.train import build_parser, config_from_args
 
 GRAMMARS = ("rc", "cell", "cell+distance")
@@ -27,7 +27,7 @@ GRAMMARS = ("rc", "cell", "cell+distance")
 
 @dataclasses.dataclass(frozen=True)
 class CellGrid(gp.GridPathfinding):
-    "Grid pathfinding whose trace names each cell with one token (diagnosis only: not a registered task)."
+    "Grid pathfinding whose trace names each cell with one token (diagnosis only: not a registered task); render and check write through `trace`."
     with_distance: bool = False
 
     @property
@@ -39,16 +39,6 @@ class CellGrid(gp.GridPathfinding):
         togo = lambda r, c: (str(abs(gr - r) + abs(gc - c)),) if self.with_distance else ()
         steps = tuple(t for m, mr, mc in moves for t in (m, f"{mr},{mc}", *togo(mr, mc)))
         return (f"{r},{c}", *togo(r, c)) + steps + ("=", gp.answer(x))
-
-    def render(self, x, strategy, rng=None):
-        moves = gp.walk(x, self.strategies[strategy])
-        if moves is None: raise ValueError(f"{self.strategies[strategy]} gets stuck on this grid")
-        return self.trace(x, moves)
-
-    def check(self, x, y):
-        y = tuple(y)
-        hits = tuple(s for s, name in enumerate(self.strategies) if (w := gp.walk(x, name)) is not None and self.trace(x, w) == y)
-        return TaskCheck(bool(hits), hits, "=" in y and y[y.index("=") + 1:] == (gp.answer(x),))
 
 
 def rounded(d): return {k: round(v, 4) if isinstance(v, float) else v for k, v in d.items() if k != "data_frequencies"}
