@@ -6,19 +6,20 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass
+import dataclasses
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn as nn
 
 from .model import Batch, CausalLM, ModelConfig, TinyCausalLM, collate, layout_tokens, response_nll
 from .surprisal import ReferenceScale, estimate_reference_scale
-from .tasks import Example, Vocab, batch_indices
+from .tasks import Example, Task, Vocab, batch_indices
 
 # %% auto #0
-__all__ = ['GATE', 'GATE_SAMPLES_PER_INPUT', 'BaseTrainConfig', 'pretrain_base', 'FrozenReference', 'SurprisalCache',
-           'sample_responses', 'response_budget', 'estimate_model_reference_scale', 'gate_report', 'base_gate',
-           'trace_log_probs', 'excess_decomposition']
+__all__ = ['GATE', 'GATE_SAMPLES_PER_INPUT', 'BaseTrainConfig', 'pretrain_base', 'base_training_examples', 'FrozenReference',
+           'SurprisalCache', 'sample_responses', 'response_budget', 'estimate_model_reference_scale', 'gate_report',
+           'base_gate', 'trace_log_probs', 'excess_decomposition']
 
 # %% ../nbs/06a_base.ipynb #1f00f362
 @dataclass(frozen=True)
@@ -30,11 +31,15 @@ class BaseTrainConfig:
     lr: float = 3e-3                    # peak learning rate
     weight_decay: float = 0.01
     null_block_fraction: float = 0.5    # share of each batch laid out with <z> <znull> </z>
+    input_overrides: dict = field(default_factory=dict)  # task fields changed for a share of the training inputs (`base_training_examples`)
+    override_fraction: float = 0.0      # that share
     def __post_init__(self):
         for name in ("steps", "batch_size"):
             if getattr(self, name) < 1: raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0: raise ValueError(f"lr must be > 0, got {self.lr}")
         if not 0 <= self.null_block_fraction <= 1: raise ValueError(f"null_block_fraction must lie in [0, 1], got {self.null_block_fraction}")
+        if not 0 <= self.override_fraction <= 1: raise ValueError(f"override_fraction must lie in [0, 1], got {self.override_fraction}")
+        if self.override_fraction > 0 and not self.input_overrides: raise ValueError("override_fraction > 0 needs input_overrides: the task fields to change on those inputs")
     def to_dict(self): return asdict(self)
 
 # %% ../nbs/06a_base.ipynb #bd6d1cc4
@@ -74,6 +79,28 @@ def pretrain_base(vocab: Vocab,                     # the run's vocabulary
             with torch.no_grad(): on_step(step + 1, model.eval())
             model.train()
     return model.eval(), losses
+
+# %% ../nbs/06a_base.ipynb #d8914de8
+def base_training_examples(task: Task,                 # the run's task
+                           train: list[Example],       # its training examples
+                           config: BaseTrainConfig,    # `input_overrides` and `override_fraction`
+                           seed: int,                  # the run's seed
+                           held_out: list[Example] = (),  # inputs never to draw
+                          ) -> list[Example]:
+    "The base's pre-training examples: `train`, its last `override_fraction` replaced by examples of `task` with `input_overrides` (same $p(y|x)$, other inputs)."
+    k = round(config.override_fraction * len(train))
+    if k == 0: return list(train)
+    try: other = dataclasses.replace(task, **config.input_overrides)
+    except TypeError: raise ValueError(f"input_overrides {config.input_overrides} names a field that task {task.name} does not have") from None
+    if other.strategies != task.strategies: raise ValueError("input_overrides must keep the task's strategies: the base learns the task's p(y|x)")
+    if not set(other.tokens) <= set(task.tokens): raise ValueError(f"input_overrides {config.input_overrides} make tokens outside the task's vocabulary")
+    unseen, extra, draw = {e.x for e in held_out}, [], 0
+    while len(extra) < k:  # seeds far from make_splits' (2 seed and 2 seed + 1 + 7919 j)
+        extra += [e for e in other.generate(k, seed=2**40 + 2 * seed + 7919 * draw) if e.x not in unseen]
+        draw += 1
+    if any(other.strategy_prior(e.x) != task.strategy_prior(e.x) for e in extra):
+        raise ValueError("input_overrides must keep the task's prior p(s|x): the base learns the task's p(y|x)")
+    return list(train[:len(train) - k]) + extra[:k]
 
 # %% ../nbs/06a_base.ipynb #97c3813b
 class FrozenReference(nn.Module):

@@ -18,13 +18,12 @@ from pathlib import Path
 import torch
 
 from .base import FrozenReference
-from .metrics import break_even_beta, evaluate_model
 from .model import ModelConfig
 from .objective import OBJECTIVE_NAMES, objectives
 from .runs import (RunConfig, RunDir, atomic_write_bytes, atomic_write_json, environment_record, load_checkpoint, prepare_base, prepare_gate,
                                prepare_reference_scale, prepare_run, read_json, resolve_device, run_vocab)
 from .tasks import make_splits
-from .train import TASKS, build_parser, config_from_args, kl_weight, train_run
+from .train import TASKS, build_parser, config_from_args, run_metrics, train_run
 from .groups import pack_groups, train_group
 
 # %% auto #0
@@ -155,7 +154,7 @@ def prepare_shared_base(out: Path, spec: RunSpec, device: str = "auto", threads:
     cfg, dev = spec.config, resolve_device(device)
     vocab = run_vocab(cfg)
     train, held_out = make_splits(cfg.task, cfg.n_train, cfg.n_eval, seed=cfg.seed)
-    base = prepare_base(d, vocab, train, cfg, dev)
+    base = prepare_base(d, vocab, train, cfg, dev, held_out=held_out)
     prepare_reference_scale(d, base, vocab, train, FrozenReference(base), cfg, dev)
     prepare_gate(d, base, vocab, cfg, held_out, dev)
 
@@ -179,22 +178,10 @@ def _open_cell(out: Path, spec: RunSpec, force: bool) -> RunDir | dict:
     return rd
 
 def _cell_record(spec: RunSpec, run, final: dict, seconds: float, n_generate: int) -> dict:
-    "Every metric of a trained cell, written to `metrics.json` (last: its presence marks the run finished)."
-    beta = kl_weight(run, spec.config.train.steps)  # the final, effective KL weight
-    metrics = evaluate_model(run.model, run.held_out, run.eval_cache, run.task, n_generate=n_generate, seed=spec.config.seed,
-                             c_ref=run.c_ref, loss=spec.config.loss, beta=beta, reference=run.reference)
-    diag = break_even_beta(run.task, run.held_out, run.eval_cache, run.c_ref, spec.config.loss)
-    scales = read_json(run.dir.scale)
-    evals = {r["step"]: r["kl"] for r in run.log() if r["split"] == "eval"}  # how fast z escaped: held-out rate over training
-    third = max(spec.config.train.steps // 3, 1)
-    record = {"key": spec.key, "objective": spec.objective, "beta": spec.beta, "seed": spec.seed, "regime": spec.regime,
-              "latent": spec.latent, "posterior": spec.posterior, "K": spec.K, "alpha": spec.alpha, "gamma": spec.gamma,
-              "beta_effective": beta, "c_model": scales["model"]["value"], "c_data": scales["data"]["value"],
-              **diag, "tau": beta / diag["beta_star"] if diag.get("beta_star") else float("nan"),
-              "rate_at_1_3": evals.get(third, float("nan")), "rate_at_2_3": evals.get(2 * third, float("nan")),
-              **{f"gate_{k}": run.gate[k] for k in ("answer_accuracy", "valid_rate", "strategy_gap", "surprisal_excess")},
-              "gate_passes": float(run.gate["passes"]),
-              "seconds": seconds, **{f"eval_{k}": v for k, v in final.items()}, **metrics}
+    "Every metric of a trained cell (`run_metrics`) with the cell's coordinates, written to `metrics.json` (last: its presence marks the run finished)."
+    record = {**run_metrics(run, final, n_generate),  # the cell's own names (e.g. its objective's grid label) come last and win
+              "key": spec.key, "objective": spec.objective, "beta": spec.beta, "seed": spec.seed, "regime": spec.regime,
+              "latent": spec.latent, "posterior": spec.posterior, "K": spec.K, "alpha": spec.alpha, "gamma": spec.gamma, "seconds": seconds}
     atomic_write_json(run.dir.metrics, record)
     return record
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from .tasks import Example, Task, TaskCheck
 
 # %% auto #0
-__all__ = ['CELLS', 'MOVES', 'ROUTES', 'grid_input', 'draw_grid', 'walk', 'answer', 'GridPathfinding', 'render_trace', 'tied',
-           'revealed_early', 'sample_input', 'check_trace', 'route_failure']
+__all__ = ['CELLS', 'MOVES', 'ROUTES', 'grid_input', 'draw_grid', 'walk', 'move_reasons', 'answer', 'GridPathfinding',
+           'render_trace', 'tied', 'revealed_early', 'sample_input', 'check_trace', 'route_failure']
 
 # %% ../nbs/05c_grid_pathfinding.ipynb #98c3743b
 CELLS = (".", "#", "S", "G")
@@ -44,10 +44,7 @@ def _preference(strategy: str, last_axis: str | None) -> tuple[str, str]:
     if strategy == "horizontal_first": return ("H", "V")
     return ("V", "H") if last_axis == "H" else ("H", "V")  # staircase: alternate, horizontal first
 
-def walk(x,              # the input cells, row-major
-         strategy: str,  # a name in ROUTES
-        ) -> list[tuple[str, int, int]] | None:
-    "The moves of `strategy` from S to G as (move, row, column reached); None if it gets stuck."
+def _steps(x, strategy: str) -> list[tuple[str, int, int, str]] | None:
     size, (r, c), (gr, gc) = _endpoints(x)
     useful = lambda: {"V": "D" if gr > r else "U" if gr < r else None, "H": "R" if gc > c else "L" if gc < c else None}
     out, last = [], None
@@ -55,9 +52,24 @@ def walk(x,              # the input cells, row-major
         options = [useful()[a] for a in _preference(strategy, last)]
         move = next((m for m in options if m and x[(r + MOVES[m][0]) * size + c + MOVES[m][1]] != "#"), None)
         if move is None: return None
+        reason = "aligned" if options[0] is None else "preferred" if move == options[0] else "walled"
         r, c, last = r + MOVES[move][0], c + MOVES[move][1], "V" if move in "UD" else "H"
-        out.append((move, r, c))
+        out.append((move, r, c, reason))
     return out
+
+def walk(x,              # the input cells, row-major
+         strategy: str,  # a name in ROUTES
+        ) -> list[tuple[str, int, int]] | None:
+    "The moves of `strategy` from S to G as (move, row, column reached); None if it gets stuck."
+    steps = _steps(x, strategy)
+    return None if steps is None else [s[:3] for s in steps]
+
+def move_reasons(x,              # the input cells, row-major
+                 strategy: str,  # a name in ROUTES
+                ) -> list[str] | None:
+    "Why each move of `strategy`'s walk is the one it takes: its first choice (`preferred`), the other useful move because the first is walled off (`walled`), or the only useful move left (`aligned`); None if it gets stuck."
+    steps = _steps(x, strategy)
+    return None if steps is None else [s[3] for s in steps]
 
 ROUTES = ("vertical_first", "horizontal_first", "staircase")
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from .base import (GATE_SAMPLES_PER_INPUT, BaseTrainConfig, FrozenReference, SurprisalCache, base_gate,
-                               estimate_model_reference_scale, pretrain_base)
+                               base_training_examples, estimate_model_reference_scale, pretrain_base)
 from .conventions import check_nonnegative, check_positive, check_unit_interval
 from .cvae import CVAEConfig, build_cvae
 from .model import EncodedExamples, ModelConfig, TinyCausalLM
@@ -230,11 +230,13 @@ def load_base(run_dir: Path, vocab: Vocab, config: RunConfig | None = None) -> T
     model.load_state_dict(ck["model"])
     return model.eval()
 
-def prepare_base(run_dir: Path, vocab: Vocab, train: list[Example], config: RunConfig, device, progress=False) -> TinyCausalLM:
-    "Load `base.pt` from `run_dir` if it matches `config`, else pre-train and save it."
+def prepare_base(run_dir: Path, vocab: Vocab, train: list[Example], config: RunConfig, device, progress=False,
+                 held_out: list[Example] = ()) -> TinyCausalLM:
+    "Load `base.pt` from `run_dir` if it matches `config`, else pre-train it (on `base_training_examples`, never on a `held_out` input) and save it."
     model = load_base(run_dir, vocab, config)
     if model is not None: return model.to(device)
-    model, losses = pretrain_base(vocab, train, config.base, seed=config.seed, device=device, progress=progress)
+    examples = base_training_examples(config.task, train, config.base, config.seed, held_out)
+    model, losses = pretrain_base(vocab, examples, config.base, seed=config.seed, device=device, progress=progress)
     atomic_torch_save(RunDir(run_dir).base, {"model": model.state_dict(), **_base_key(config), "final_loss": losses[-1]})
     return model
 
@@ -326,7 +328,7 @@ def prepare_run(run_dir: Path, config: RunConfig, device: str = "auto", progress
     atomic_write_json(rd.config, {"config": config.to_dict(), "environment": environment_record(config.seed)})
     vocab = run_vocab(config)
     train, held_out = make_splits(config.task, config.n_train, config.n_eval, seed=config.seed)
-    base = prepare_base(rd.path, vocab, train, config, device, progress)
+    base = prepare_base(rd.path, vocab, train, config, device, progress, held_out)
     scale = prepare_reference_scale(rd.path, base, vocab, train, FrozenReference(base), config, device)
     torch.manual_seed(config.seed)
     model = build_cvae(base, vocab, config.cvae, seed=config.seed).to(device)

@@ -29,7 +29,8 @@ from .cvae import posterior_forward
 from .objective import (BETA_SCHEDULES, OBJECTIVE_NAMES, ORIGINAL_FLAG_ALIASES, ReconstructionLossConfig, free_bits_kl,
                                     loss_reference_weights, objective, objectives)
 from .reconstruction import TERM_NAMES
-from .runs import (Run, RunConfig, RunDir, atomic_torch_save, atomic_write_json, check_run_dir, load_checkpoint,
+from .metrics import break_even_beta, evaluate_model
+from .runs import (Run, RunConfig, RunDir, atomic_torch_save, atomic_write_json, check_run_dir, load_checkpoint, read_json,
                                prepare_run, resolve_device, truncate_log)
 from .tasks import Example, batch_indices
 from .addition import Addition
@@ -39,16 +40,19 @@ from .tasks import Task
 from .visiting_order import REGIMES, VisitingOrder
 
 TASKS = {t.name: t for t in (VisitingOrder, Sorting, GridPathfinding, Addition)}  # the synthetic tasks, by name
-# each task's base recipe, the defaults of --base-steps, --d-model, --n-layers and --n-train: sorting needs 3,000 steps to pass
-# the quality gate; addition a wider, deeper model on 100,000 distinct inputs (on 20,000 it memorizes which procedure each
-# input was drawn with: notebook 05d); grid pathfinding 10,000 steps (it learns to read the walls late, and passes only on some runs: notebook 05c)
-BASE_RECIPES = {"visiting_order": {"steps": 1500}, "sorting": {"steps": 3000}, "grid_pathfinding": {"steps": 10000},
+# each task's base recipe, the defaults of --base-steps, --d-model, --n-layers, --n-train and the base's input overrides:
+# sorting needs 3,000 steps to pass the quality gate; addition a wider, deeper model on 100,000 distinct inputs (on 20,000 it
+# memorizes which procedure each input was drawn with: notebook 05d); grid pathfinding 10,000 steps with half of the base's
+# training grids drawn with 8 walls, so that the moves a wall decides are not rare (with the task's 3 walls it learns to
+# read them late, and passes only on some runs: notebook 05c)
+BASE_RECIPES = {"visiting_order": {"steps": 1500}, "sorting": {"steps": 3000},
+                "grid_pathfinding": {"steps": 10000, "input_overrides": {"n_walls": 8}, "override_fraction": 0.5},
                 "addition": {"steps": 8000, "d_model": 128, "n_layers": 3, "n_train": 100000}}
 
 # %% auto #0
 __all__ = ['TASKS', 'BASE_RECIPES', 'OPTIONS', 'evaluate', 'objective_terms', 'NonFiniteError', 'train_step', 'kl_weight',
-           'train_cvae', 'train_run', 'BaseGateError', 'gate_message', 'compile_cvae', 'run', 'Option', 'build_parser',
-           'task_from_args', 'config_from_args', 'train_main']
+           'train_cvae', 'train_run', 'BaseGateError', 'gate_message', 'compile_cvae', 'run_metrics', 'run', 'Option',
+           'build_parser', 'task_from_args', 'config_from_args', 'train_main']
 
 # %% ../nbs/10_train.ipynb #f9c72bad
 @torch.no_grad()
@@ -215,15 +219,40 @@ def compile_cvae(model: nn.Module) -> nn.Module:
     for name in ("generator", "posterior"): getattr(model, name).compile(dynamic=True)
     return model
 
+def run_metrics(run: Run,             # a trained run
+                final: dict,          # its final held-out terms (`train_run`)
+                n_generate: int = 64, # inputs of the generation metrics
+               ) -> dict:
+    "Every metric of a trained run ([notebook 08](08_metrics.ipynb)), the break-even $\\beta^\\star$, $\\widehat c_\\theta$, the base's gate and the final held-out terms: the record of `metrics.json`."
+    cfg = run.config
+    beta = kl_weight(run, cfg.train.steps)  # the final, effective KL weight
+    metrics = evaluate_model(run.model, run.held_out, run.eval_cache, run.task, n_generate=n_generate, seed=cfg.seed,
+                             c_ref=run.c_ref, loss=cfg.loss, beta=beta, reference=run.reference)
+    diag = break_even_beta(run.task, run.held_out, run.eval_cache, run.c_ref, cfg.loss)
+    scales = read_json(run.dir.scale)
+    evals = {r["step"]: r["kl"] for r in run.log() if r["split"] == "eval"}  # how fast z escaped: held-out rate over training
+    rate_at = lambda step: next((evals[k] for k in sorted(evals, reverse=True) if k <= step), None)  # the last held-out rate by `step`
+    third = max(cfg.train.steps // 3, 1)
+    record = {"task": cfg.task.name, "objective": cfg.objective, "seed": cfg.seed, "beta_effective": beta,
+              "c_model": scales["model"]["value"], "c_data": scales["data"]["value"],
+              **diag, "tau": beta / diag["beta_star"] if diag.get("beta_star") else None,
+              "rate_at_1_3": rate_at(third), "rate_at_2_3": rate_at(2 * third),
+              **{f"gate_{k}": run.gate[k] for k in ("answer_accuracy", "valid_rate", "strategy_gap", "surprisal_excess")},
+              "gate_passes": float(run.gate["passes"]), **{f"eval_{k}": v for k, v in final.items()}, **metrics}
+    # a figure with no value here (e.g. no revealing token, no code ever chosen) is written as null: JSON has no NaN
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+
 def run(run_dir: Path, config: RunConfig, device: str = "auto", progress: bool = False, beta_schedule=None,
         stop_after: int | None = None, resume_without_log: bool = False, require_gate: bool = False, compile: bool = False,
-        shared_prefix: bool = False) -> dict:
-    "A complete run in `run_dir`; returns the final held-out terms (also written to `eval.json`). `require_gate` refuses a failing base; `compile` compiles the CVAE; `shared_prefix` computes a discrete CVAE's prompt once for all codes."
+        shared_prefix: bool = False, metrics: bool = False) -> dict:
+    "A complete run in `run_dir`; returns the final held-out terms (also written to `eval.json`). `require_gate` refuses a failing base; `compile` compiles the CVAE; `shared_prefix` computes a discrete CVAE's prompt once for all codes; `metrics` writes `run_metrics` to `metrics.json` once the run is complete."
     r = prepare_run(run_dir, config, device, progress, resume_without_log)
     if compile: compile_cvae(r.model)
     if shared_prefix and hasattr(r.model, "shared_prefix"): r.model.shared_prefix = True
     if require_gate and not r.gate["passes"]: raise BaseGateError(gate_message(r.gate, r.dir.gate))
-    return train_run(r, beta_schedule, progress, stop_after)
+    final = train_run(r, beta_schedule, progress, stop_after)
+    if metrics and (stop_after is None or stop_after >= config.train.steps): atomic_write_json(r.dir.metrics, run_metrics(r, final))
+    return final
 
 # %% ../nbs/10_train.ipynb #6daed833
 @dataclass(frozen=True)
@@ -259,6 +288,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--n-eval", "n_eval", "held-out examples (inputs unseen in training)", "task"),
     Option("--base-steps", "base.steps", "z-free pre-training steps of the base model (default: the task's recipe, BASE_RECIPES: "
            + ", ".join(f"{k} {v['steps']}" for k, v in BASE_RECIPES.items()) + ")", "base model p_theta", default=None),
+    Option("--base-override-fraction", "base.override_fraction", "share of the base's training inputs drawn from the task with its recipe's "
+           "input_overrides, e.g. grid_pathfinding's 8 walls (default: the task's recipe, 0.5 for grid_pathfinding, else 0; "
+           "0 trains on the task's own inputs)", "base model p_theta", default=None),
     Option("--d-model", "base.model.d_model", "hidden width (default: the task's recipe, else 64)", "base model p_theta", default=None),
     Option("--n-layers", "base.model.n_layers", "transformer blocks (default: the task's recipe, else 2)", "base model p_theta", default=None),
     Option("--n-heads", "base.model.n_heads", "attention heads", "base model p_theta"),
@@ -326,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "on that model and data instead: see basedirected-hf-train --help (needs pip install -e '.[hf]').")
     p.add_argument("--force", action="store_true", help="delete the files this package wrote in an existing run directory first")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--no-metrics", action="store_true", help="skip metrics.json (every metric of notebook 08 on the held-out split, "
+                   "with generation under each forced code: a few seconds to a minute on CPU)")
     groups = {}
     for o in OPTIONS:
         g = groups.setdefault(o.group, p.add_argument_group(o.group))
@@ -383,6 +417,8 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     given.setdefault("base.model.d_model", (recipe.get("d_model", m.d_model), "--d-model"))
     given.setdefault("base.model.n_layers", (recipe.get("n_layers", m.n_layers), "--n-layers"))
     given.setdefault("n_train", (recipe.get("n_train", RunConfig().n_train), "--n-train"))
+    given.setdefault("base.override_fraction", (recipe.get("override_fraction", 0.0), "--base-override-fraction"))
+    given.setdefault("base.input_overrides", (recipe.get("input_overrides", {}) if given["base.override_fraction"][0] > 0 else {}, "input_overrides in the task's BASE_RECIPES entry"))
     d_model = given["base.model.d_model"][0]
     given.setdefault("base.model.d_ff", (4 * d_model, "--d-ff"))
     # task: the regime's preset with its overridden fields
@@ -429,9 +465,13 @@ def train_main(argv: list[str] | None = None) -> int:
     except ValueError as e: parser.error(str(e))  # exits 2 with one line naming the option or path
     t0 = time.perf_counter()
     try: final = run(rd.path, config, device=a.device, progress=not a.quiet, resume_without_log=a.resume_without_log,
-                     require_gate=not a.allow_failed_base, compile=a.compile, shared_prefix=a.shared_prefix)
+                     require_gate=not a.allow_failed_base, compile=a.compile, shared_prefix=a.shared_prefix, metrics=not a.no_metrics)
     except (NonFiniteError, BaseGateError) as e: parser.exit(2, f"{parser.prog}: error: {e}\n")
     except OSError as e: parser.exit(2, f"{parser.prog}: error: {e.filename or rd.path}: {e.strerror or e}; nothing already written was lost\n")
     print(f"run directory: {rd.path}  ({time.perf_counter() - t0:.0f} s)")
     for k in ("loss", "std", "dist", "tok_cc", "theta", "kl", "base_mean"): print(f"  eval {k:>10s} = {final[k]:.4f}")
+    if not a.no_metrics:
+        m = read_json(rd.metrics)
+        shown = [k for k in m if "alignment" in k or "coverage" in k or k in ("I_zs_norm", "I_zs_given_x_norm", "gen_answer_rate", "gen_forced_answer_rate")]
+        print(f"  metrics ({len(m)} in {rd.metrics}): " + ", ".join(f"{k} {m[k]:.3f}" for k in shown if isinstance(m[k], float)))
     return 0

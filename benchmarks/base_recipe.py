@@ -2,7 +2,7 @@
 and the excess decomposition (mixture error and leak, nats per example) every `--every` steps of its schedule.
 
 Every option of `basedirected-train` that shapes the base is accepted (`--task`, `--base-steps`, `--d-model`, `--n-layers`,
-`--n-train`, `--seed`, ...). `--grammar` rewrites grid pathfinding's trace for a diagnosis: `cell` writes each visited cell
+`--n-train`, `--base-override-fraction`, `--seed`, ...); the base trains on `base_training_examples`, as in a run. `--grammar` rewrites grid pathfinding's trace for a diagnosis: `cell` writes each visited cell
 as one token (`3,2`) instead of a row and a column token, `cell+distance` adds the distance still to go after each cell.
 
     python benchmarks/base_recipe.py --task grid_pathfinding --base-steps 10000 --seed 1 --every 1000 --out grid.json
@@ -17,9 +17,11 @@ import time
 import torch
 
 import basedirected.grid_pathfinding as gp
-from basedirected.base import FrozenReference, SurprisalCache, base_gate, excess_decomposition, pretrain_base, trace_log_probs
+from basedirected.base import (FrozenReference, SurprisalCache, base_gate, base_training_examples, excess_decomposition, pretrain_base,
+                               trace_log_probs)
 from basedirected.runs import run_vocab
-from basedirected.tasks import make_splits
+from basedirected.model import collate, response_nll
+from basedirected.tasks import Example, make_splits
 from basedirected.train import build_parser, config_from_args
 
 GRAMMARS = ("rc", "cell", "cell+distance")
@@ -41,6 +43,29 @@ class CellGrid(gp.GridPathfinding):
         return (f"{r},{c}", *togo(r, c)) + steps + ("=", gp.answer(x))
 
 
+@torch.no_grad()
+def excess_by_move_reason(model, vocab, task, examples):
+    """Grid pathfinding: the base's surprisal above the ideal z-free profile on every strategy's trace (teacher-forced),
+    summed by why each move is the one its strategy takes (`move_reasons`); other tokens (cells, answer, `</y>`) are `other`.
+    Nats per untied input, each input's traces weighted by the prior, and each reason's share of move tokens."""
+    totals, counts, n = {}, {}, 0
+    for e in examples:
+        if gp.tied(task, e.x): continue
+        n += 1
+        prior = task.strategy_prior(e.x)
+        traces = [Example(e.x, task.render(e.x, s), s) for s in range(len(task.strategies))]
+        nll, mask = response_nll(model, collate(vocab, traces))
+        for s, ex in enumerate(traces):
+            reasons = iter(gp.move_reasons(e.x, task.strategies[s]))
+            ideal = task.ideal_surprisal(ex) + [0.0]  # `</y>` is certain once the answer is written
+            for t, tok in enumerate(ex.y + ("</y>",)):
+                r = next(reasons) if tok in gp.MOVES else "other"
+                totals[r] = totals.get(r, 0.0) + prior[s] * (nll[s, t].item() - ideal[t])
+                if r != "other": counts[r] = counts.get(r, 0) + prior[s]
+    moves = sum(counts.values())
+    return {r: {"excess": totals[r] / n, "share_of_moves": counts[r] / moves if r in counts else None} for r in sorted(totals)}
+
+
 def rounded(d): return {k: round(v, 4) if isinstance(v, float) else v for k, v in d.items() if k != "data_frequencies"}
 
 
@@ -52,6 +77,7 @@ def main(argv=None):
     p.add_argument("--base-lr", type=float, default=None, help="peak learning rate of the base's one-cycle schedule (default: BaseTrainConfig's)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--out", default=None, help="write the figures to this JSON file")
+    p.add_argument("--save", default=None, help="write the trained base's weights to this file (torch.save of its state dict)")
     own, rest = p.parse_known_args(argv)
     if own.threads: torch.set_num_threads(own.threads)
     cfg = config_from_args(build_parser().parse_args(rest))
@@ -76,8 +102,9 @@ def main(argv=None):
     else:
         on_step = None
     t0 = time.time()
-    base, losses = pretrain_base(vocab, train, cfg.base, seed=cfg.seed, on_step=on_step)
+    base, losses = pretrain_base(vocab, base_training_examples(cfg.task, train, cfg.base, cfg.seed, held), cfg.base, seed=cfg.seed, on_step=on_step)
     seconds = time.time() - t0
+    if own.save: torch.save(base.state_dict(), own.save)
     gates = {}
     for name, exs in (("held_out", held[:n]), ("train", train[:n])):
         cache = SurprisalCache(FrozenReference(base), vocab, exs)
@@ -85,6 +112,11 @@ def main(argv=None):
         print(name, gates[name], flush=True)
     figures = {"task": cfg.task.name, "grammar": own.grammar, "seed": cfg.seed, "base": cfg.base.to_dict(), "n_train": cfg.n_train,
                "train_seconds": round(seconds, 1), "final_loss": losses[-1], "curve": curve, "gate": gates}
+    if isinstance(cfg.task, gp.GridPathfinding):
+        figures["excess_by_move_reason"] = excess_by_move_reason(base, vocab, cfg.task, held[:n])
+        for r, v in figures["excess_by_move_reason"].items():
+            share = "" if v["share_of_moves"] is None else f" ({v['share_of_moves']:.1%} of moves)"
+            print(f"excess on {r} tokens: {v['excess']:.4f} nats per input{share}", flush=True)
     if own.out:
         with open(own.out, "w") as f: json.dump(figures, f, indent=1)
     return figures

@@ -32,3 +32,7 @@ def test_base_recipe_script_writes_the_gate_and_the_learning_curve(tmp_path):
     assert set(figures["gate"]) == {"held_out", "train"} and all(g["n_inputs"] == 8 for g in figures["gate"].values())
     assert figures["grammar"] == "cell+distance" and figures["base"]["steps"] == 12
     assert "," in p.stdout.splitlines()[0]  # the response names cells as one token each ("3,2")
+    by_reason = figures["excess_by_move_reason"]  # every move token of every trace is counted under one reason
+    assert {"preferred", "other"} <= set(by_reason) <= {"preferred", "walled", "aligned", "other"}
+    assert abs(sum(v["share_of_moves"] for r, v in by_reason.items() if r != "other") - 1) < 1e-9 and by_reason["other"]["share_of_moves"] is None
+    assert figures["base"]["override_fraction"] == 0.5 and figures["base"]["input_overrides"] == {"n_walls": 8}  # the task's recipe
