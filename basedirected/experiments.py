@@ -49,7 +49,7 @@ class Preset:
     batch_size: int = 32
     Ks: tuple[int, ...] = (4,)           # discrete codes: K = |S| and K > |S| arms
     posteriors: tuple[str, ...] = ("amortized",)  # discrete posterior arms (continuous runs are always amortized)
-    lr_schedule: str = "constant"
+    lr_schedule: str = "cosine"
     arms: tuple[dict, ...] = ()          # extra sub-grids: field overrides of this preset (e.g. a smaller amortized arm)
     c_samples: int = 2000
     n_generate: int = 64

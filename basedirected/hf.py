@@ -749,6 +749,7 @@ def build_hf_parser() -> argparse.ArgumentParser:
     a("--beta", type=float, default=T.beta.beta, help="KL weight beta (the schedule's target)")
     a("--steps", type=int, default=T.steps); a("--batch-size", type=int, default=T.batch_size, help="global batch, split over the processes")
     a("--lr", type=float, default=T.lr); a("--warmup-steps", type=int, default=T.warmup_steps)
+    a("--lr-schedule", choices=("constant", "cosine"), default=T.lr_schedule, help="after the linear warm-up: constant, or cosine decay to a tenth")
     a("--weight-decay", type=float, default=T.weight_decay); a("--grad-clip", type=float, default=T.grad_clip)
     a("--optimizer", choices=OPTIMIZERS, default="adamw", help="AdamW, or Muon for 2-D block weights with AdamW for the rest")
     a("--c-source", choices=("model", "data"), default="model", help="c_theta from responses sampled from the base, or from the data")
@@ -768,7 +769,7 @@ def build_hf_parser() -> argparse.ArgumentParser:
 def hf_config_from_args(a: argparse.Namespace) -> HFRunConfig:
     "Validate the parsed options into an `HFRunConfig`; `ValueError` says what is wrong."
     obj = objectives(alpha=a.alpha, gamma=a.gamma)[a.objective]
-    train = dataclasses.replace(TrainConfig(), steps=a.steps, batch_size=a.batch_size, lr=a.lr, warmup_steps=a.warmup_steps,
+    train = dataclasses.replace(TrainConfig(), steps=a.steps, batch_size=a.batch_size, lr=a.lr, lr_schedule=a.lr_schedule, warmup_steps=a.warmup_steps,
                                 weight_decay=a.weight_decay, grad_clip=a.grad_clip, eval_every=a.eval_every, checkpoint_every=a.checkpoint_every,
                                 max_nonfinite_steps=a.max_nonfinite_steps, free_bits=obj.free_bits, beta_times_c_ref=obj.beta_times_c,
                                 beta=obj.beta_schedule(a.beta, max(a.steps, 1)))

@@ -41,7 +41,8 @@ class TrainConfig:
     steps: int = 300                         # optimizer steps
     batch_size: int = 32
     lr: float = 1e-3                         # AdamW learning rate after warm-up
-    lr_schedule: str = "constant"            # 'constant' after warm-up, or 'cosine' decay to lr_min_ratio * lr
+    lr_schedule: str = "cosine"              # 'cosine' decay to lr_min_ratio * lr after warm-up, or 'constant' (a flat rate
+                                             # degrades the base the generator starts from: notebook 10)
     lr_min_ratio: float = 0.1                # cosine: the final learning rate as a share of lr
     weight_decay: float = 0.0
     grad_clip: float = 1.0                   # gradient-norm clipping

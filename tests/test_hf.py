@@ -179,7 +179,9 @@ def test_two_processes_follow_the_one_process_trajectory(data, tmp_path):
     assert [r["step"] for r in two if r["split"] == "train"] == [1, 2, 3, 4]  # one writer
     assert json.loads((tmp_path / "two" / "config.json").read_text())["environment"]["world_size"] == 2
     assert hf_train_main(_args(d, tmp_path / "two", *extra)) == 0  # resumed on one process
-    torch.testing.assert_close(torch.tensor(_train_losses(tmp_path / "two")), torch.tensor(_train_losses(tmp_path / "one")), rtol=1e-5, atol=1e-6)
+    # Muon orthogonalizes the update in bfloat16, so the all-reduce's summation order shows after a few steps (measured: 3e-5
+    # relative at step 6 under the cosine schedule); a wrong shard of the global batch moves the loss by far more
+    torch.testing.assert_close(torch.tensor(_train_losses(tmp_path / "two")), torch.tensor(_train_losses(tmp_path / "one")), rtol=1e-4, atol=1e-6)
 
 
 def test_basedirected_train_hands_backbone_runs_to_the_hf_command(data, tmp_path):
