@@ -59,7 +59,7 @@ PRESETS = {
                     model=ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64), Ks=(3,), c_samples=64, n_generate=8,
                     posteriors=("amortized", "exact")),
     "quick": Preset("quick", ("celbo", "theta", "celbo_scaled"), (0.02, 0.05, 0.1, 0.2), (0, 1, 2), Ks=(3,), posteriors=("exact",),
-                    n_eval=256, n_generate=32, lr_schedule="cosine",
+                    n_eval=256, n_generate=32,
                     arms=({"posteriors": ("amortized",), "objectives": ("celbo", "theta"), "betas": (0.02,)},
                           # sorting: a base that passes the quality gate needs 3,000 steps; one seed keeps the budget
                           {"regimes": ("sorting",), "base_steps": 3000, "betas": (0.05, 0.2), "seeds": (0,)})),
@@ -67,7 +67,7 @@ PRESETS = {
                     regimes=("early", "late", "long", "noisy_high", "sorting", "grid_pathfinding", "addition"), Ks=(3, 6),
                     posteriors=("exact",), alpha_gamma=((0.5, 1.0), (0.0, 1.0), (0.5, 2.0), (0.8, 1.0)), n_train=50000, n_eval=1024,
                     model=ModelConfig(d_model=128, n_layers=4, n_heads=4, d_ff=512), base_steps=6000, cvae_steps=3000, batch_size=64,
-                    c_samples=5000, n_generate=128, lr_schedule="cosine",
+                    c_samples=5000, n_generate=128,
                     arms=({"posteriors": ("amortized", "exact+distill"), "objectives": ("celbo", "dist", "celbo_scaled", "theta"), "Ks": (3,)},
                           {"latents": ("continuous",), "objectives": ("celbo", "celbo_free_bits", "theta"), "Ks": (3,)})),
 }

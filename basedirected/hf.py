@@ -33,7 +33,7 @@ from .metrics import (alignment_one_to_one, code_perplexity, entropy, informatio
                                  strategy_information)
 from .model import Batch, EncodedExamples, layout_tokens, response_nll
 from .objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig, objectives
-from .runs import (RunDir, TrainConfig, atomic_torch_save, atomic_write_bytes, atomic_write_json, environment_record, load_checkpoint, read_json,
+from .runs import (LR_SCHEDULES, RunDir, TrainConfig, atomic_torch_save, atomic_write_bytes, atomic_write_json, environment_record, load_checkpoint, read_json,
                    read_log, resolve_device, truncate_log)
 from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, batch_indices
@@ -749,7 +749,7 @@ def build_hf_parser() -> argparse.ArgumentParser:
     a("--beta", type=float, default=T.beta.beta, help="KL weight beta (the schedule's target)")
     a("--steps", type=int, default=T.steps); a("--batch-size", type=int, default=T.batch_size, help="global batch, split over the processes")
     a("--lr", type=float, default=T.lr); a("--warmup-steps", type=int, default=T.warmup_steps)
-    a("--lr-schedule", choices=("constant", "cosine"), default=T.lr_schedule, help="after the linear warm-up: constant, or cosine decay to a tenth")
+    a("--lr-schedule", choices=LR_SCHEDULES, default=T.lr_schedule, help="after the linear warm-up: constant, or cosine decay to a tenth")
     a("--weight-decay", type=float, default=T.weight_decay); a("--grad-clip", type=float, default=T.grad_clip)
     a("--optimizer", choices=OPTIMIZERS, default="adamw", help="AdamW, or Muon for 2-D block weights with AdamW for the rest")
     a("--c-source", choices=("model", "data"), default="model", help="c_theta from responses sampled from the base, or from the data")

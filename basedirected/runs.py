@@ -29,12 +29,14 @@ from .tasks import Example, Task, Vocab, make_splits, task_from_dict
 from .visiting_order import VisitingOrder
 
 # %% auto #0
-__all__ = ['TrainConfig', 'RunConfig', 'RunDir', 'atomic_write_bytes', 'atomic_write_json', 'atomic_torch_save',
+__all__ = ['LR_SCHEDULES', 'TrainConfig', 'RunConfig', 'RunDir', 'atomic_write_bytes', 'atomic_write_json', 'atomic_torch_save',
            'load_checkpoint', 'read_json', 'read_log', 'truncate_log', 'environment_record', 'resolve_device',
            'run_vocab', 'load_base', 'prepare_base', 'prepare_reference_scale', 'prepare_gate', 'Run', 'check_run_dir',
            'prepare_run', 'load_run']
 
 # %% ../nbs/09_runs.ipynb #5b8a5de2
+LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
+
 @dataclass(frozen=True)
 class TrainConfig:
     "Optimisation of the CVAE."
@@ -63,7 +65,7 @@ class TrainConfig:
         check_positive(self.lr, "lr"); check_nonnegative(self.weight_decay, "weight_decay"); check_positive(self.grad_clip, "grad_clip")
         check_nonnegative(self.free_bits, "free_bits")
         if self.free_bits_mode not in ("batch", "dimension"): raise ValueError(f"free_bits_mode must be 'batch' or 'dimension', got {self.free_bits_mode!r}")
-        if self.lr_schedule not in ("constant", "cosine"): raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+        if self.lr_schedule not in LR_SCHEDULES: raise ValueError(f"lr_schedule must be {' or '.join(map(repr, LR_SCHEDULES))}, got {self.lr_schedule!r}")
         check_unit_interval(self.lr_min_ratio, "lr_min_ratio")
 
     def lr_at(self, step: int) -> float:

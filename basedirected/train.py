@@ -30,7 +30,7 @@ from .objective import (BETA_SCHEDULES, OBJECTIVE_NAMES, ORIGINAL_FLAG_ALIASES, 
                                     loss_reference_weights, objective, objectives)
 from .reconstruction import TERM_NAMES
 from .metrics import break_even_beta, evaluate_model
-from .runs import (Run, RunConfig, RunDir, atomic_torch_save, atomic_write_json, check_run_dir, load_checkpoint, read_json,
+from .runs import (LR_SCHEDULES, Run, RunConfig, RunDir, atomic_torch_save, atomic_write_json, check_run_dir, load_checkpoint, read_json,
                                prepare_run, resolve_device, truncate_log)
 from .tasks import Example, batch_indices
 from .addition import Addition
@@ -319,7 +319,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("--steps", "train.steps", "CVAE training steps", "training"),
     Option("--batch-size", "train.batch_size", "examples per step", "training"),
     Option("--lr", "train.lr", "AdamW learning rate", "training"),
-    Option("--lr-schedule", "train.lr_schedule", "after the linear warm-up: constant, or cosine decay to a tenth", "training", ("constant", "cosine")),
+    Option("--lr-schedule", "train.lr_schedule", "after the linear warm-up: constant, or cosine decay to a tenth", "training", LR_SCHEDULES),
     Option("--grad-clip", "train.grad_clip", "gradient-norm clipping", "training"),
     Option("--eval-every", "train.eval_every", "held-out evaluation period, steps", "training"),
     Option("--checkpoint-every", "train.checkpoint_every", "checkpoint period, steps", "training"),
