@@ -44,4 +44,5 @@ def test_packed_codes_carry_the_gradient_of_the_unshared_rows():
         model.shared_prefix = shared; model.zero_grad()
         model(rows).nll.sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.generator.parameters() if p.grad is not None]))
-    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+    # float32 sums in another order: an element near zero that cancels large terms is off by round-off of the largest (|g| up to ~60)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6 * grads[0].abs().max().item())
