@@ -14,12 +14,12 @@ import torch.nn as nn
 
 from .model import Batch, CausalLM, ModelConfig, TinyCausalLM, collate, layout_tokens, response_nll
 from .surprisal import ReferenceScale, estimate_reference_scale
-from .tasks import Example, Task, Vocab, batch_indices
+from .tasks import Example, Task, Vocab, batch_indices, rate_record
 
 # %% auto #0
 __all__ = ['GATE', 'GATE_SAMPLES_PER_INPUT', 'BaseTrainConfig', 'pretrain_base', 'base_training_examples', 'FrozenReference',
-           'SurprisalCache', 'sample_responses', 'response_budget', 'estimate_model_reference_scale', 'gate_report',
-           'base_gate', 'trace_log_probs', 'excess_decomposition']
+           'SurprisalCache', 'sample_responses', 'response_budget', 'estimate_model_reference_scale', 'gate_failures',
+           'gate_report', 'base_gate', 'trace_log_probs', 'excess_decomposition']
 
 # %% ../nbs/06a_base.ipynb #1f00f362
 @dataclass(frozen=True)
@@ -211,21 +211,33 @@ def estimate_model_reference_scale(model: CausalLM, vocab: Vocab, examples: list
     return estimate_reference_scale(means, source="model"), truncated
 
 # %% ../nbs/06a_base.ipynb #007bd16d
-GATE = {"min_answer_accuracy": 0.98, "max_strategy_gap": 0.05, "max_surprisal_excess": 0.10}
+GATE = {"min_answer_only_accuracy": 0.98, "min_valid_rate": 0.95, "max_strategy_gap": 0.05, "max_surprisal_excess": 0.10}
+
+def gate_failures(report: dict) -> list[str]:
+    "The gate's criteria that `report` fails, each with its figure and threshold (empty: it passes)."
+    fails = []
+    if report["answer_only_accuracy"] < GATE["min_answer_only_accuracy"]:
+        fails.append(f"sampled answers right {report['answer_only_accuracy']:.3f} < {GATE['min_answer_only_accuracy']}")
+    if report["valid_rate"] < GATE["min_valid_rate"]: fails.append(f"valid traces {report['valid_rate']:.3f} < {GATE['min_valid_rate']}")
+    if report["strategy_gap"] > GATE["max_strategy_gap"]: fails.append(f"strategy frequencies off by {report['strategy_gap']:.3f} > {GATE['max_strategy_gap']}")
+    if report["surprisal_excess"] is not None and report["surprisal_excess"] > GATE["max_surprisal_excess"]:
+        fails.append(f"surprisal {100 * report['surprisal_excess']:.0f}% above the ideal > {100 * GATE['max_surprisal_excess']:.0f}%")
+    return fails
 
 def gate_report(task, xs: list, ys: list, base_per_token: float, ideal_per_token: float | None) -> dict:
     "Gate figures and verdict from the base's samples `ys` on inputs `xs` and its held-out surprisal vs the ideal (per token)."
     checks = [task.check(x, y) for x, y in zip(xs, ys)]
-    S = len(task.strategies)
+    S, n = len(task.strategies), len(checks)
     data = [sum(task.strategy_prior(x)[s] for x in xs) / len(xs) for s in range(S)]
     unique = [c.strategy for c in checks if c.valid and c.strategy >= 0]
     freq = [unique.count(s) / max(len(unique), 1) for s in range(S)]
-    r = {"answer_accuracy": sum(c.answer_correct for c in checks) / len(checks), "valid_rate": sum(c.valid for c in checks) / len(checks),
+    r = {**rate_record("answer_only_accuracy", sum(c.answer_correct for c in checks), n), **rate_record("valid_rate", sum(c.valid for c in checks), n),
+         **rate_record("answer_accuracy", sum(c.solved for c in checks), n),
          "strategy_gap": max(abs(f - d) for f, d in zip(freq, data)), "strategy_frequencies": freq, "data_frequencies": data,
          "surprisal_per_token": base_per_token, "ideal_per_token": ideal_per_token,
          "surprisal_excess": None if ideal_per_token is None else base_per_token / ideal_per_token - 1}
-    r["passes"] = bool(r["answer_accuracy"] >= GATE["min_answer_accuracy"] and r["strategy_gap"] <= GATE["max_strategy_gap"]
-                       and (r["surprisal_excess"] is None or r["surprisal_excess"] <= GATE["max_surprisal_excess"]))
+    r["failures"] = gate_failures(r)
+    r["passes"], r["criteria"] = not r["failures"], dict(GATE)
     return r
 
 # %% ../nbs/06a_base.ipynb #9a9d33d2

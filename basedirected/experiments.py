@@ -52,22 +52,23 @@ class Preset:
     lr_schedule: str = "cosine"
     arms: tuple[dict, ...] = ()          # extra sub-grids: field overrides of this preset (e.g. a smaller amortized arm)
     c_samples: int = 2000
-    n_generate: int = 64
+    n_routed: int = 256                  # metrics: router samples (answer and valid rates)
+    n_forced: int = 64                   # metrics: inputs under each forced code (controlled alignment)
 
 PRESETS = {
     "smoke": Preset("smoke", ("celbo", "theta"), (0.1,), (0,), n_train=600, n_eval=48, base_steps=40, cvae_steps=6, batch_size=8,
-                    model=ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64), Ks=(3,), c_samples=64, n_generate=8,
+                    model=ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64), Ks=(3,), c_samples=64, n_routed=16, n_forced=8,
                     posteriors=("amortized", "exact")),
     "quick": Preset("quick", ("celbo", "theta", "celbo_scaled"), (0.02, 0.05, 0.1, 0.2), (0, 1, 2), Ks=(3,), posteriors=("exact",),
-                    n_eval=256, n_generate=32,
+                    n_eval=256,
                     arms=({"posteriors": ("amortized",), "objectives": ("celbo", "theta"), "betas": (0.02,)},
-                          # sorting: a base that passes the quality gate needs 3,000 steps; one seed keeps the budget
-                          {"regimes": ("sorting",), "base_steps": 3000, "betas": (0.05, 0.2), "seeds": (0,)})),
+                          # sorting: a base that passes the quality gate needs 5,000 steps (notebook 05b); one seed keeps the budget
+                          {"regimes": ("sorting",), "base_steps": 5000, "betas": (0.05, 0.2), "seeds": (0,)})),
     "paper": Preset("paper", OBJECTIVE_NAMES, (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0), (0, 1, 2),
                     regimes=("early", "late", "long", "noisy_high", "sorting", "grid_pathfinding", "addition"), Ks=(3, 6),
                     posteriors=("exact",), alpha_gamma=((0.5, 1.0), (0.0, 1.0), (0.5, 2.0), (0.8, 1.0)), n_train=50000, n_eval=1024,
                     model=ModelConfig(d_model=128, n_layers=4, n_heads=4, d_ff=512), base_steps=6000, cvae_steps=3000, batch_size=64,
-                    c_samples=5000, n_generate=128,
+                    c_samples=5000, n_forced=128,
                     arms=({"posteriors": ("amortized", "exact+distill"), "objectives": ("celbo", "dist", "celbo_scaled", "theta"), "Ks": (3,)},
                           {"latents": ("continuous",), "objectives": ("celbo", "celbo_free_bits", "theta"), "Ks": (3,)})),
 }
@@ -102,7 +103,8 @@ def cell_argv(preset: Preset, regime: str, latent: str, objective: str, alpha: f
             "--n-train", str(preset.n_train), "--n-eval", str(preset.n_eval), "--base-steps", str(preset.base_steps),
             "--d-model", str(m.d_model), "--n-layers", str(m.n_layers), "--n-heads", str(m.n_heads), "--d-ff", str(m.d_ff),
             "--max-len", str(m.max_len), "--K", str(K), "--posterior", posterior, "--lr-schedule", preset.lr_schedule, "--c-samples", str(preset.c_samples), "--steps", str(preset.cvae_steps),
-            "--batch-size", str(preset.batch_size), "--eval-every", str(third), "--checkpoint-every", str(third)]
+            "--batch-size", str(preset.batch_size), "--eval-every", str(third), "--checkpoint-every", str(third),
+            "--n-routed", str(preset.n_routed), "--n-forced", str(preset.n_forced)]
     if objective == "theta": argv += ["--alpha", str(alpha), "--gamma", str(gamma)]
     elif objective in ("tok", "tok_cc", "inv_tok"): argv += ["--gamma", str(gamma)]
     return argv
@@ -177,15 +179,15 @@ def _open_cell(out: Path, spec: RunSpec, force: bool) -> RunDir | dict:
     atomic_write_bytes(rd.command, (spec.command(str(rd.path)) + "\n").encode())
     return rd
 
-def _cell_record(spec: RunSpec, run, final: dict, seconds: float, n_generate: int) -> dict:
+def _cell_record(spec: RunSpec, run, final: dict, seconds: float) -> dict:
     "Every metric of a trained cell (`run_metrics`) with the cell's coordinates, written to `metrics.json` (last: its presence marks the run finished)."
-    record = {**run_metrics(run, final, n_generate),  # the cell's own names (e.g. its objective's grid label) come last and win
+    record = {**run_metrics(run, final),  # the cell's own names (e.g. its objective's grid label) come last and win
               "key": spec.key, "objective": spec.objective, "beta": spec.beta, "seed": spec.seed, "regime": spec.regime,
               "latent": spec.latent, "posterior": spec.posterior, "K": spec.K, "alpha": spec.alpha, "gamma": spec.gamma, "seconds": seconds}
     atomic_write_json(run.dir.metrics, record)
     return record
 
-def run_cell(out: Path, spec: RunSpec, device: str = "auto", force: bool = False, n_generate: int = 64, threads: int | None = None) -> dict:
+def run_cell(out: Path, spec: RunSpec, device: str = "auto", force: bool = False, threads: int | None = None) -> dict:
     "Train and evaluate one cell; returns its metrics (read back from disk when the run already finished under the same configuration)."
     if threads: torch.set_num_threads(threads)
     rd = _open_cell(out, spec, force)
@@ -193,9 +195,9 @@ def run_cell(out: Path, spec: RunSpec, device: str = "auto", force: bool = False
     t0 = time.perf_counter()
     run = prepare_run(rd.path, spec.config, device=device)
     final = train_run(run)
-    return _cell_record(spec, run, final, time.perf_counter() - t0, n_generate)
+    return _cell_record(spec, run, final, time.perf_counter() - t0)
 
-def run_group_cells(out: Path, specs: list[RunSpec], device: str = "auto", force: bool = False, n_generate: int = 64,
+def run_group_cells(out: Path, specs: list[RunSpec], device: str = "auto", force: bool = False,
                     threads: int | None = None, compile: bool = False) -> list[dict]:
     "Train the unfinished cells of `specs` (one `group_key`) as groups, one per checkpoint step they resume from, then evaluate each; returns every cell's metrics in order."
     if threads: torch.set_num_threads(threads)
@@ -213,15 +215,15 @@ def run_group_cells(out: Path, specs: list[RunSpec], device: str = "auto", force
         finals.update(zip(members, train_group([runs[i] for i in members], compile=compile)))
     seconds = (time.perf_counter() - t0) / max(len(runs), 1)  # a group's wall time, shared among its runs
     for i in sorted(runs):
-        if not isinstance(finals[i], Exception): records[i] = _cell_record(specs[i], runs[i], finals[i], seconds, n_generate)
+        if not isinstance(finals[i], Exception): records[i] = _cell_record(specs[i], runs[i], finals[i], seconds)
     failed = [finals[i] for i in sorted(runs) if isinstance(finals[i], Exception)]
     if failed: raise failed[0]  # the others are finished and written; a failed run stops the sweep, as alone
     return [records[i] for i in range(len(specs))]
 
-def _run_pack(out: Path, specs: list[RunSpec], device: str, force: bool, n_generate: int, threads: int | None, compile: bool) -> list[dict]:
+def _run_pack(out: Path, specs: list[RunSpec], device: str, force: bool, threads: int | None, compile: bool) -> list[dict]:
     "The metrics of one pack of cells: a single cell alone (`run_cell`), several as a group (`run_group_cells`)."
-    if len(specs) == 1: return [run_cell(out, specs[0], device, force, n_generate, threads)]
-    return run_group_cells(out, specs, device, force, n_generate, threads, compile)
+    if len(specs) == 1: return [run_cell(out, specs[0], device, force, threads)]
+    return run_group_cells(out, specs, device, force, threads, compile)
 
 # %% ../nbs/11_experiments.ipynb #743db029
 def execute(out: Path, preset: Preset, jobs: int = 1, device: str = "auto", force: bool = False, progress: bool = True,
@@ -242,7 +244,7 @@ def execute(out: Path, preset: Preset, jobs: int = 1, device: str = "auto", forc
         bar = tqdm(total=len(specs), desc="runs", disable=not progress)
         for pack, dev in zip(packs, devices):
             bar.set_postfix_str(specs[pack[0]].key + (f" (+{len(pack) - 1} in its group)" if len(pack) > 1 else ""))
-            records.update(zip(pack, _run_pack(out, [specs[i] for i in pack], dev, force, preset.n_generate, None, compile))); bar.update(len(pack))
+            records.update(zip(pack, _run_pack(out, [specs[i] for i in pack], dev, force, None, compile))); bar.update(len(pack))
     else:
         threads = max(1, (os.cpu_count() or 1) // jobs)
         ctx = torch.multiprocessing.get_context("spawn")
@@ -254,7 +256,7 @@ def execute(out: Path, preset: Preset, jobs: int = 1, device: str = "auto", forc
             futures = []
             for pack, dev in zip(packs, devices):
                 for i in pack: bases[(specs[i].regime, specs[i].seed)].result()
-                futures.append((pack, pool.submit(_run_pack, out, [specs[i] for i in pack], dev, force, preset.n_generate, threads, compile)))
+                futures.append((pack, pool.submit(_run_pack, out, [specs[i] for i in pack], dev, force, threads, compile)))
             for pack, f in futures: records.update(zip(pack, f.result())); bar.update(len(pack))
     bar.close()
     return [records[i] for i in range(len(specs))]

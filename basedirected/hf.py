@@ -29,8 +29,8 @@ except ImportError as e:  # the core package never imports this module
 from .base import SurprisalCache, sample_responses, response_budget
 from .conventions import trusted_values
 from .cvae import CVAEConfig, DiscreteCVAE, posterior_forward, router_logits
-from .metrics import (alignment_one_to_one, code_perplexity, entropy, information_gain, latent_information, marginal_nll,
-                                 strategy_information)
+from .metrics import (MetricsConfig, alignment_record, code_perplexity, entropy, generation_scores, information_gain,
+                                  latent_information, marginal_nll, strategy_information)
 from .model import Batch, EncodedExamples, layout_tokens, response_nll
 from .objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig, objectives
 from .runs import (LR_SCHEDULES, RunDir, TrainConfig, atomic_torch_save, atomic_write_bytes, atomic_write_json, environment_record, load_checkpoint, read_json,
@@ -388,6 +388,7 @@ class HFRunConfig:
     n_eval: int = 256                       # held-out examples for the metrics
     task: str | None = None                 # a synthetic task whose checker reads the generations (its exported JSONL), or None
     regime: str | None = None               # the task's preset (visiting_order: default early)
+    metrics: MetricsConfig = MetricsConfig()  # responses the generation metrics sample (with a task)
 
     def __post_init__(self):
         if self.objective not in OBJECTIVE_NAMES: raise ValueError(f"objective must be one of {', '.join(OBJECTIVE_NAMES)}, got {self.objective!r}")
@@ -405,7 +406,8 @@ class HFRunConfig:
         "Inverse of `to_dict`."
         train = dict(d["train"]); train["beta"] = BetaSchedule(**train["beta"])
         return cls(**{**d, "adapt": AdaptConfig(**d["adapt"]), "cvae": CVAEConfig(**d["cvae"]),
-                      "loss": ReconstructionLossConfig(**d["loss"]), "train": TrainConfig(**train)})
+                      "loss": ReconstructionLossConfig(**d["loss"]), "train": TrainConfig(**train),
+                      "metrics": MetricsConfig(**d.get("metrics", {}))})
 
 # %% ../nbs/10a_hf.ipynb #c3bcb271
 def distributed_setup(device: str = "auto") -> tuple[int, int, torch.device]:
@@ -529,7 +531,7 @@ def hf_metrics(model: DiscreteCVAE, rows: EncodedPairs, cache: SurprisalCache, s
         counts = torch.zeros(p["q"].shape[1], int(strategies.max()) + 1)
         for k, st in zip(p["q"].argmax(-1).tolist(), strategies.tolist()): counts[k, st] += 1
         m.update(I_zs=strategy_information(p["q"], strategies, normalized=False), I_zs_norm=strategy_information(p["q"], strategies),
-                 alignment_posterior=alignment_one_to_one(counts))
+                 **alignment_record(counts, None, "posterior"))
     n = min(len(rows), 256)  # the marginal NLL runs all n rows at once
     m.update(marginal_nll(model, rows.select(torch.arange(n)), cache.subset(n)))
     m["drift"] = m["marginal_nll"] - m["base_nll"]
@@ -550,25 +552,27 @@ def hf_generation_metrics(model: DiscreteCVAE,          # a CVAE on a Hugging Fa
                           examples: list[Example],       # the held-out examples, tokenized
                           records: list[PairRecord],     # their records (the prompts give the task's inputs)
                           task,                          # the task whose checker scores a response
-                          n_inputs: int = 64, seed: int = 0) -> dict:
-    "Answer and valid rates under the router, and under forced codes the one-to-one alignment with strategies, coverage and answer rate."
+                          n_routed: int = 256,           # responses sampled through the router (cycling over the examples)
+                          n_forced: int = 64,            # examples generated under each forced code
+                          seed: int = 0) -> dict:
+    "The generation figures of [notebook 08](08_metrics.ipynb) (`generation_scores`) for responses decoded back into the task's tokens."
     model.eval()
     device = next(model.parameters()).device
-    exs, recs = examples[:n_inputs], records[:n_inputs]
-    xs, task_xs, budget = [e.x for e in exs], [task_input(r.prompt) for r in recs], response_budget(exs)
-    check = lambda ys: [task.check(x, task_response(vocab, y)) for x, y in zip(task_xs, ys)]
-    z = torch.multinomial(torch.softmax(router_logits(model, exs), -1).cpu(), 1, generator=torch.Generator().manual_seed(seed)).squeeze(-1)
-    routed = check(sample_responses(model.generator, vocab, xs, max_len=budget, seed=seed, codes=[model.codes[k] for k in z], device=device)[0])
-    counts, forced = torch.zeros(len(model.codes), len(task.strategies)), []
+    budget = response_budget(examples)
+    routed_idx = [i % len(examples) for i in range(n_routed)]
+    def decode(idx, codes, s):
+        ys = sample_responses(model.generator, vocab, [examples[i].x for i in idx], max_len=budget, seed=s, codes=codes, device=device)[0]
+        return [task_response(vocab, y) for y in ys]
+    checks = lambda idx, ys: [task.check(task_input(records[i].prompt), y) for i, y in zip(idx, ys)]
+    routed_exs = [examples[i] for i in routed_idx]
+    z = torch.multinomial(torch.softmax(router_logits(model, routed_exs), -1).cpu(), 1, generator=torch.Generator().manual_seed(seed)).squeeze(-1)
+    routed = checks(routed_idx, decode(routed_idx, [model.codes[k] for k in z], seed))
+    forced_idx = list(range(min(n_forced, len(examples))))
+    forced, traces = [], []
     for k, code in enumerate(model.codes):
-        ck = check(sample_responses(model.generator, vocab, xs, max_len=budget, seed=seed + 1 + k, codes=[code] * len(xs), device=device)[0])
-        for c in ck:
-            if c.strategy >= 0: counts[k, c.strategy] += 1
-        forced.append(ck)
-    cover = [len({s for ck in forced for s in ck[i].strategies}) / len(task.strategies) for i in range(len(xs))]
-    return {"valid_rate": sum(c.valid for c in routed) / len(routed), "answer_rate": sum(c.answer_correct for c in routed) / len(routed),
-            "alignment_controlled": alignment_one_to_one(counts), "forced_answer_rate": sum(c.answer_correct for ck in forced for c in ck) / (len(forced) * len(xs)),
-            "coverage_mean": sum(cover) / len(cover), "coverage_full_rate": sum(c == 1 for c in cover) / len(cover)}
+        ys = decode(forced_idx, [code] * len(forced_idx), seed + 1 + k)
+        forced.append(checks(forced_idx, ys)); traces.append(ys)
+    return generation_scores(routed, forced, len(task.strategies), traces, seed)
 
 # %% ../nbs/10a_hf.ipynb #498f52bd
 HF_RUN_FILES = ("config.json", "reference_scale.json", "log.jsonl", "checkpoint.pt", "eval.json", "metrics.json", "command.txt")
@@ -720,9 +724,11 @@ def hf_run(run_dir, config: HFRunConfig, device: str = "auto", stop_after: int |
         task = task_from_args(argparse.Namespace(task=config.task, regime=config.regime), {})
         records = read_pairs(config.eval_data or config.data)[:config.n_eval]
         held, _ = pairs_to_examples(run.vocab, records)
-        metrics.update({f"gen_{k}": v for k, v in hf_generation_metrics(run.model, run.vocab, held, records, task, seed=config.seed).items()})
+        metrics.update({f"gen_{k}": v for k, v in hf_generation_metrics(run.model, run.vocab, held, records, task, config.metrics.n_routed,
+                                                                                  config.metrics.n_forced, seed=config.seed).items()})
     metrics["eval_split"] = "eval_data" if config.eval_data else "train"
     atomic_write_json(run.dir.eval, {"c_ref": run.scale.to_dict(), **final})
+    metrics = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in metrics.items()}  # JSON has no NaN
     atomic_write_json(run.dir.metrics, metrics)
     return {**final, **{f"metric_{k}": v for k, v in metrics.items()}}
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 import math
 import warnings
 from collections import Counter
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -17,13 +19,15 @@ from .cvae import DiscreteCVAE, posterior_forward
 from .objective import ReconstructionLossConfig, loss_token_weights
 from .distributions import gaussian_log_density
 from .model import collate
-from .tasks import Example, Task
+from .tasks import Example, Task, TaskCheck, rate_record
 
 # %% auto #0
-__all__ = ['entropy', 'latent_information', 'strategy_information', 'code_perplexity', 'aggregate_posterior_information',
-           'active_units', 'linear_probe_accuracy', 'rate_distortion', 'information_gain', 'code_semantics',
-           'generation_metrics', 'alignment_one_to_one', 'within_input_strategy_information', 'marginal_nll',
-           'break_even_beta', 'evaluate_model']
+__all__ = ['ALIGNMENT_RULES', 'NULL_SAMPLES', 'entropy', 'latent_information', 'strategy_information', 'code_perplexity',
+           'aggregate_posterior_information', 'active_units', 'linear_probe_accuracy', 'rate_distortion',
+           'information_gain', 'code_semantics', 'matched_records', 'alignment_score', 'alignment_one_to_one',
+           'alignment_many_to_one', 'contingency_tables', 'permutation_tables', 'alignment_null', 'alignment_record',
+           'mean_record', 'generation_scores', 'MetricsConfig', 'generation_metrics',
+           'within_input_strategy_information', 'marginal_nll', 'break_even_beta', 'evaluate_model']
 
 # %% ../nbs/08_metrics.ipynb #20e5e798
 def entropy(p: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -122,61 +126,237 @@ def information_gain(distortion: torch.Tensor, base: torch.Tensor) -> dict[str, 
     return {"gain_abs": b - l, "gain_frac": 1 - l / b if b > 0 else float("nan")}
 
 # %% ../nbs/08_metrics.ipynb #951fedf2
-def code_semantics(strategy_by_code: dict[int, list[int]]) -> dict:
-    "Purity per code, mean purity and coverage from the strategies (-1 = invalid or ambiguous) observed under each forced code."
+def code_semantics(strategy_by_code: dict[int, list[int]], # the strategies (-1 = invalid or ambiguous) observed under each forced code
+                  ) -> dict:                              # code_purity per code, their unweighted mean, coverage
+    "Purity per code, mean purity and coverage from the strategies observed under each forced code."
     purity, majority = {}, {}
     for k, ss in strategy_by_code.items():
         valid = [s for s in ss if s >= 0]
         if not valid: purity[k] = 0.0; continue
         s, c = Counter(valid).most_common(1)[0]
         purity[k], majority[k] = c / len(valid), s
-    return {"purity": purity, "mean_purity": sum(purity.values()) / max(len(purity), 1),
+    return {"code_purity": purity, "mean_purity": sum(purity.values()) / max(len(purity), 1),
             "coverage": len({s for k, s in majority.items() if purity[k] > 0.5})}
 
-# %% ../nbs/08_metrics.ipynb #654efba0
-@torch.no_grad()
-def generation_metrics(model: DiscreteCVAE, examples: list[Example], task: Task, n_inputs: int = 64, seed: int = 0) -> dict:
-    "Quality under the router marginal, routing effect and per-code strategy semantics under forced codes."
-    model.eval()
-    device = next(model.parameters()).device
-    exs = examples[:n_inputs]
-    xs = [e.x for e in exs]
-    # 1. quality: z ~ r(z|x), y ~ g(y|x,z)
-    r = model(exs).r.cpu()
-    z = torch.multinomial(r, 1, generator=torch.Generator().manual_seed(seed)).squeeze(-1)
-    budget = response_budget(exs)
-    ys, _, _ = sample_responses(model.generator, model.vocab, xs, max_len=budget, seed=seed, codes=[model.codes[k] for k in z], device=device)
-    checks = [task.check(x, y) for x, y in zip(xs, ys)]
-    # 2-3. forced codes
-    by_code, traces, counts, forced = {}, [], torch.zeros(len(model.codes), len(task.strategies)), []
-    for k, code in enumerate(model.codes):
-        yk, _, _ = sample_responses(model.generator, model.vocab, xs, max_len=budget, seed=seed + 1 + k, codes=[code] * len(xs), device=device)
-        ck = [task.check(x, y) for x, y in zip(xs, yk)]
-        by_code[k] = [c.strategy for c in ck]
+# %% ../nbs/08_metrics.ipynb #f5be9421
+ALIGNMENT_RULES = ("one_to_one", "many_to_one")  # A_{1:1}: an injective matching; A_{n:1}: each code to its majority strategy (purity)
+
+def _count_table(counts, name: str = "counts") -> np.ndarray:
+    "A table of counts as a float64 array, checked."
+    N = counts.detach().cpu().double().numpy() if isinstance(counts, torch.Tensor) else np.array(counts, dtype=np.float64)
+    if not np.isfinite(N).all() or (N < 0).any(): raise ValueError(f"{name} must be finite and non-negative")
+    return N
+
+def matched_records(counts,                  # (K, S) code-by-strategy counts
+                    rule: str = "one_to_one", # 'one_to_one' or 'many_to_one'
+                   ) -> float:               # the records on the best matching
+    "$\\max_\\sigma \\sum_k N_{k\\sigma(k)}$ over injective matchings (Hungarian), or $\\sum_k \\max_s N_{ks}$ (`many_to_one`)."
+    N = _count_table(counts)
+    if N.ndim != 2: raise ValueError(f"counts must be a (K, S) matrix, got shape {N.shape}")
+    if rule not in ALIGNMENT_RULES: raise ValueError(f"rule must be one of {', '.join(ALIGNMENT_RULES)}, got {rule!r}")
+    if N.size == 0: return 0.0
+    if rule == "many_to_one": return float(N.max(1).sum())
+    from scipy.optimize import linear_sum_assignment
+    rows, cols = linear_sum_assignment(N, maximize=True)
+    return float(N[rows, cols].sum())
+
+# %% ../nbs/08_metrics.ipynb #221655a6
+def _unclassified(counts: np.ndarray, unclassified) -> np.ndarray:
+    "The unclassified records per code, (K,) (zeros when not given)."
+    if unclassified is None: return np.zeros(len(counts))
+    U = _count_table(unclassified, "unclassified")
+    if U.shape != (len(counts),): raise ValueError(f"unclassified must hold one count per code, shape ({len(counts)},), got {U.shape}")
+    return U
+
+def alignment_score(counts,                  # (K, S) code-by-strategy counts of the classified records
+                    unclassified=None,       # (K,) records of each code without a strategy; None: the classified score
+                    rule: str = "one_to_one", # 'one_to_one' (alignment) or 'many_to_one' (purity)
+                   ) -> float:               # A(N); 0 when nothing was counted
+    "$A_{1:1}$ or $A_{n:1}$: the best matching's records as a share of all counted records (unclassified ones count as unmatched)."
+    matched = matched_records(counts, rule)
+    n = float(_count_table(counts).sum() + _unclassified(_count_table(counts), unclassified).sum())
+    return matched / n if n > 0 else 0.0
+
+def alignment_one_to_one(counts, unclassified=None) -> float:
+    "One-to-one alignment $A_{1:1}$ (codes and strategies matched at most once each)."
+    return alignment_score(counts, unclassified, "one_to_one")
+
+def alignment_many_to_one(counts, unclassified=None) -> float:
+    "Purity $A_{n:1}$ (each code sent to its majority strategy)."
+    return alignment_score(counts, unclassified, "many_to_one")
+
+# %% ../nbs/08_metrics.ipynb #8a6c453c
+class _TooMany(Exception): pass
+
+def _compositions(total: int, caps: list[int]):
+    "Every vector of non-negative integers summing to `total` with entry i at most caps[i]."
+    if len(caps) == 1:
+        if total <= caps[0]: yield (total,)
+        return
+    for x in range(min(total, caps[0]) + 1):
+        for rest in _compositions(total - x, caps[1:]): yield (x, *rest)
+
+def contingency_tables(rows: list[int],     # r_k, records per code
+                       cols: list[int],     # c_s, records per label
+                       limit: int = 5000,   # give up beyond this many tables
+                      ):                    # (tables (M, K, C) int, probabilities (M,)), or None beyond `limit`
+    "Every table with row sums `rows` and column sums `cols`, with its probability $P(N\\mid r, c)$ under a random permutation of the labels."
+    rows, cols = [int(r) for r in rows], [int(c) for c in cols]
+    if sum(rows) != sum(cols): raise ValueError(f"row and column sums differ: {sum(rows)} vs {sum(cols)}")
+    # every row but the last is a composition of r_k into C parts: their product bounds the count (the column sums prune more)
+    if math.prod(math.comb(r + len(cols) - 1, len(cols) - 1) for r in rows[:-1]) > limit: return None
+    tables = []
+    def fill(k: int, left: list[int], acc: list):
+        if k == len(rows) - 1:  # the last row is what is left of every column
+            tables.append(acc + [left])
+            if len(tables) > limit: raise _TooMany
+            return
+        for row in _compositions(rows[k], left): fill(k + 1, [l - x for l, x in zip(left, row)], acc + [list(row)])
+    try: fill(0, cols, [])
+    except _TooMany: return None
+    T = np.array(tables, dtype=np.int64).reshape(len(tables), len(rows), len(cols))
+    lf = lambda v: sum(math.lgamma(x + 1) for x in v)
+    logp = lf(rows) + lf(cols) - math.lgamma(sum(rows) + 1) - np.array([lf(t.ravel()) for t in T])
+    return T, np.exp(logp)
+
+# %% ../nbs/08_metrics.ipynb #95334a4b
+def permutation_tables(rows: list[int],   # r_k, records per code
+                       cols: list[int],   # c_s, records per label
+                       n_samples: int = 2000,
+                       seed: int = 0,
+                      ) -> np.ndarray:    # (n_samples, K, C) tables drawn from P(N | r, c)
+    "Tables with margins `rows` and `cols` drawn by randomly permuting the labels among the records (seeded)."
+    rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+    if rows.sum() != cols.sum(): raise ValueError(f"row and column sums differ: {rows.sum()} vs {cols.sum()}")
+    K, C = len(rows), len(cols)
+    codes, labels = np.repeat(np.arange(K), rows), np.repeat(np.arange(C), cols)
+    perm = np.random.default_rng(seed).permuted(np.tile(labels, (n_samples, 1)), axis=1)
+    cell = np.arange(n_samples)[:, None] * (K * C) + codes[None] * C + perm
+    return np.bincount(cell.ravel(), minlength=n_samples * K * C).reshape(n_samples, K, C)
+
+# %% ../nbs/08_metrics.ipynb #ce4d59f1
+NULL_SAMPLES = 2000  # label permutations where exact enumeration is too large: the null's Monte Carlo error is about 0.001
+
+def alignment_null(counts,                   # (K, S) code-by-strategy counts of the classified records
+                   unclassified=None,        # (K,) records of each code without a strategy (a label of their own)
+                   n_samples: int = NULL_SAMPLES,
+                   seed: int = 0,
+                   exact_limit: int = 5000,  # enumerate the tables exactly when there are at most this many
+                  ) -> dict[str, float]:     # the null A_0 of each rule
+    "$A_0 = \\mathbb E[A(N)]$ under a random permutation of the records' labels (exact where the tables are few), for both rules."
+    N = _count_table(counts)
+    if N.ndim != 2: raise ValueError(f"counts must be a (K, S) matrix, got shape {N.shape}")
+    U = _unclassified(N, unclassified)
+    table = np.column_stack([N, U])  # unclassified: one more label, matched to no code
+    if not np.array_equal(table, np.round(table)): raise ValueError("the null needs integer counts")
+    n, S = table.sum(), N.shape[1]
+    if n == 0 or N.size == 0: return {rule: 0.0 for rule in ALIGNMENT_RULES}
+    rows, cols = table.sum(1).astype(int), table.sum(0).astype(int)
+    exact = contingency_tables(rows, cols, exact_limit)
+    tables, weights = exact if exact is not None else (permutation_tables(rows, cols, n_samples, seed), np.full(n_samples, 1 / n_samples))
+    tables = tables[:, :, :S].astype(np.float64)
+    from scipy.optimize import linear_sum_assignment
+    one = [t[linear_sum_assignment(t, maximize=True)].sum() for t in tables]
+    return {"one_to_one": float(np.dot(weights, one) / n), "many_to_one": float(np.dot(weights, tables.max(2).sum(1)) / n)}
+
+# %% ../nbs/08_metrics.ipynb #67746deb
+def alignment_record(counts,              # (K, S) code-by-strategy counts
+                     unclassified=None,   # (K,) unclassified records per code, for the all-generation score
+                     table: str = "controlled",  # the record's name: 'posterior', 'controlled' or 'controlled_all'
+                     seed: int = 0,       # seeds the permutation null
+                    ) -> dict:            # alignment_<table> and purity_<table>, each with _n, _lo, _hi, _null, _excess
+    "One-to-one alignment and purity of a table, with counts, Wilson intervals, nulls and excess over the null."
+    null = alignment_null(counts, unclassified, seed=seed)
+    N = _count_table(counts)
+    n = int(round(N.sum() + _unclassified(N, unclassified).sum()))
+    record = {}
+    for rule, name in (("one_to_one", f"alignment_{table}"), ("many_to_one", f"purity_{table}")):
+        record.update(rate_record(name, int(round(matched_records(N, rule))), n))
+        if n == 0: record[name] = 0.0
+        record[f"{name}_null"], record[f"{name}_excess"] = null[rule], record[name] - null[rule]
+    return record
+
+# %% ../nbs/08_metrics.ipynb #d729238c
+def mean_record(name: str, values: list[float]) -> dict:
+    "A mean of per-input values with its count and Student-t 95 % interval: name, name_n, name_lo, name_hi."
+    n = len(values)
+    if n == 0: return {name: float("nan"), f"{name}_n": 0, f"{name}_lo": float("nan"), f"{name}_hi": float("nan")}
+    v = np.asarray(values, dtype=np.float64)
+    mean, sd = float(v.mean()), float(v.std(ddof=1)) if n > 1 else 0.0
+    if n == 1 or sd == 0: return {name: mean, f"{name}_n": n, f"{name}_lo": mean, f"{name}_hi": mean}
+    from scipy import stats
+    lo, hi = stats.t.interval(0.95, n - 1, loc=mean, scale=sd / math.sqrt(n))
+    return {name: mean, f"{name}_n": n, f"{name}_lo": float(lo), f"{name}_hi": float(hi)}
+
+# %% ../nbs/08_metrics.ipynb #3fc77623
+def generation_scores(routed: list[TaskCheck],          # verdicts on responses sampled through the router
+                      forced: list[list[TaskCheck]],    # forced[k][i]: the verdict on input i's response under code k
+                      n_strategies: int,                # |S|
+                      forced_traces: list[list[tuple]] | None = None,  # forced[k][i]'s response, for the routing effect
+                      seed: int = 0,                    # seeds the alignment nulls
+                     ) -> dict:                         # every generation figure, rates with _n, _lo, _hi
+    "Quality under the router; routing, local coverage, and the controlled table's alignment and purity (classified and all) under forced codes."
+    K, S = len(forced), n_strategies
+    counts, unclassified = np.zeros((K, S)), np.zeros(K)
+    for k, ck in enumerate(forced):
         for c in ck:
             if c.strategy >= 0: counts[k, c.strategy] += 1
-        forced += ck
-        traces.append([tuple(y) for y in yk])
-    routing = sum(len({traces[k][i] for k in range(len(traces))}) > 1 for i in range(len(xs))) / len(xs)
-    # local coverage: the strategies an input's K forced generations are compatible with, out of all of them
-    cover = [len({s for k in range(len(traces)) for s in forced[k * len(xs) + i].strategies}) / len(task.strategies) for i in range(len(xs))]
-    return {"valid_rate": sum(c.valid for c in checks) / len(checks), "answer_rate": sum(c.answer_correct for c in checks) / len(checks),
-            "routing_effect": routing, "alignment_controlled": alignment_one_to_one(counts),
-            "forced_answer_rate": sum(c.answer_correct for c in forced) / len(forced),
-            "coverage_mean": sum(cover) / len(cover), "coverage_full_rate": sum(c == 1 for c in cover) / len(cover), **code_semantics(by_code)}
+            else: unclassified[k] += 1
+    flat = [c for ck in forced for c in ck]
+    m = {}
+    for name, cs in (("", routed), ("forced_", flat)):
+        m.update(rate_record(f"{name}valid_rate", sum(c.valid for c in cs), len(cs)))
+        m.update(rate_record(f"{name}answer_rate", sum(c.solved for c in cs), len(cs)))
+        m.update(rate_record(f"{name}answer_only_rate", sum(c.answer_correct for c in cs), len(cs)))
+    m.update(rate_record("classified_share", int(counts.sum()), len(flat)))
+    m.update(alignment_record(counts, None, "controlled", seed))
+    m.update(alignment_record(counts, unclassified, "controlled_all", seed))
+    n_inputs = len(forced[0]) if forced else 0
+    cover = [len({s for k in range(K) for s in forced[k][i].strategies}) / S for i in range(n_inputs)]
+    m.update(mean_record("coverage_mean", cover))
+    m.update(rate_record("coverage_full_rate", sum(c == 1 for c in cover), n_inputs))
+    if forced_traces is not None:
+        m.update(rate_record("routing_effect", sum(len({forced_traces[k][i] for k in range(K)}) > 1 for i in range(n_inputs)), n_inputs))
+    m.update(code_semantics({k: [c.strategy for c in ck] for k, ck in enumerate(forced)}))
+    return m
 
-# %% ../nbs/08_metrics.ipynb #f5be9421
-def alignment_one_to_one(counts: torch.Tensor,  # (K, S) code-by-strategy counts
-                        ) -> float:              # best one-to-one matching as a share of the total
-    "$\\max_\\sigma \\sum_k N_{k\\sigma(k)} / \\sum N$ over one-to-one matchings of codes and strategies (Hungarian)."
-    from scipy.optimize import linear_sum_assignment
-    counts = torch.as_tensor(counts, dtype=torch.float64)
-    if counts.dim() != 2: raise ValueError(f"counts must be a (K, S) matrix, got shape {tuple(counts.shape)}")
-    if bool((counts < 0).any()) or not bool(torch.isfinite(counts).all()): raise ValueError("counts must be finite and non-negative")
-    total = counts.sum().item()
-    if total == 0: return 0.0
-    rows, cols = linear_sum_assignment(counts.numpy(), maximize=True)
-    return counts.numpy()[rows, cols].sum() / total
+# %% ../nbs/08_metrics.ipynb #b552c438
+@dataclass(frozen=True)
+class MetricsConfig:
+    "How many responses the held-out generation metrics sample: part of a run's configuration, since they change its figures."
+    n_routed: int = 256   # responses sampled through the router r(z|x) for the answer and valid rates (cycling over held-out inputs)
+    n_forced: int = 64    # held-out inputs generated under each forced code: n_forced x K generations in the controlled table
+
+    def __post_init__(self):
+        for name in ("n_routed", "n_forced"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1: raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+
+# %% ../nbs/08_metrics.ipynb #4560ec23
+@torch.no_grad()
+def generation_metrics(model: DiscreteCVAE,        # a trained discrete CVAE
+                       examples: list[Example],    # held-out examples (their inputs are used)
+                       task: Task,                 # scores the generated traces
+                       n_routed: int = 256,        # responses sampled through the router
+                       n_forced: int = 64,         # inputs under each forced code
+                       seed: int = 0,
+                      ) -> dict:                   # `generation_scores` of the sampled responses
+    "Sample responses through the router and under each forced code, and score them (`generation_scores`)."
+    model.eval()
+    device = next(model.parameters()).device
+    routed_exs = [examples[i % len(examples)] for i in range(n_routed)]  # fewer held-out inputs than samples: each input again
+    budget = response_budget(examples)
+    r = model(routed_exs).r.cpu()
+    z = torch.multinomial(r, 1, generator=torch.Generator().manual_seed(seed)).squeeze(-1)
+    ys, _, _ = sample_responses(model.generator, model.vocab, [e.x for e in routed_exs], max_len=budget, seed=seed,
+                                codes=[model.codes[k] for k in z], device=device)
+    routed = [task.check(e.x, y) for e, y in zip(routed_exs, ys)]
+    xs = [e.x for e in examples[:n_forced]]
+    forced, traces = [], []
+    for k, code in enumerate(model.codes):
+        yk, _, _ = sample_responses(model.generator, model.vocab, xs, max_len=budget, seed=seed + 1 + k, codes=[code] * len(xs), device=device)
+        forced.append([task.check(x, y) for x, y in zip(xs, yk)]); traces.append([tuple(y) for y in yk])
+    return generation_scores(routed, forced, len(task.strategies), traces, seed)
 
 # %% ../nbs/08_metrics.ipynb #5692ac97
 @torch.no_grad()
@@ -248,7 +428,8 @@ def evaluate_model(model: nn.Module,                 # a trained CVAE
                    examples: list[Example],          # held-out examples
                    cache: SurprisalCache,            # their b_t
                    task: Task,                       # scores generated traces
-                   n_generate: int = 64,             # inputs used for the generation metrics
+                   n_routed: int = 256,              # responses sampled through the router (generation metrics)
+                   n_forced: int = 64,               # inputs generated under each forced code
                    seed: int = 0,
                    c_ref: float = 1.0,               # the objective (needed by an exact posterior)
                    loss: ReconstructionLossConfig | None = None,
@@ -264,10 +445,10 @@ def evaluate_model(model: nn.Module,                 # a trained CVAE
         m.update(I_zxy=latent_information(rd["q"]), I_zs=strategy_information(rd["q"], s, normalized=False),
                  I_zs_norm=strategy_information(rd["q"], s), code_perplexity=code_perplexity(rd["q"]),
                  router_entropy=entropy(rd["r"]).mean().item())
-        m.update({f"gen_{k}": v for k, v in generation_metrics(model, examples, task, n_inputs=n_generate, seed=seed).items()})
+        m.update({f"gen_{k}": v for k, v in generation_metrics(model, examples, task, n_routed, n_forced, seed=seed).items()})
         counts = torch.zeros(rd["q"].shape[1], len(task.strategies))
         for k, st in zip(rd["q"].argmax(-1).tolist(), s.tolist()): counts[k, st] += 1
-        m.update(alignment_posterior=alignment_one_to_one(counts))
+        m.update(alignment_record(counts, None, "posterior", seed))
         if reference is not None:
             m.update(within_input_strategy_information(model, examples, task, reference, c_ref, loss, beta, seed=seed))
         if "q_amortized" in rd:  # exact+distill: how well the amortized encoder learned q*

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import math
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -17,19 +19,23 @@ import torch
 from .base import SurprisalCache
 from .experiments import PRESETS, execute
 from .reconstruction import TERM_NAMES
-from .runs import RunDir, atomic_write_json, environment_record, load_run, read_json, read_log, resolve_device
+from .runs import RunDir, atomic_write_bytes, atomic_write_json, environment_record, load_run, read_json, read_log, resolve_device
 from .weights import reference_weights
 
 # %% auto #0
-__all__ = ['TABLE_METRICS', 'GROUP_BY', 'DEFAULT_COLUMNS', 'CURVE_TERMS', 'aggregate', 'markdown_table', 'write_results',
-           'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse', 'figure_escape', 'figure_curves',
-           'figure_gain_per_position', 'figure_weights', 'write_figures', 'repro_main']
+__all__ = ['TABLE_METRICS', 'GROUP_BY', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'CURVE_TERMS', 'aggregate', 'markdown_table',
+           'write_results', 'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse', 'figure_alignment',
+           'figure_escape', 'figure_curves', 'figure_gain_per_position', 'figure_weights', 'write_figures',
+           'repro_main']
 
 # %% ../nbs/12_reports.ipynb #ca5567ef
+_ALIGNMENTS = tuple(f"{pre}{a}_{t}{s}" for pre, t in (("", "posterior"), ("gen_", "controlled"), ("gen_", "controlled_all"))
+                    for a in ("alignment", "purity") for s in ("", "_null", "_excess"))
 TABLE_METRICS = ("tau", "beta_star", "rate", "rate_at_1_3", "rate_at_2_3", "gain_abs", "gain_frac", "gain_z", "drift", "I_zs_norm", "I_zxy", "code_perplexity",
-                 "gen_valid_rate", "gen_mean_purity", "gen_routing_effect", "marginal_nll", "base_nll", "eval_theta", "eval_std",
+                 "gen_valid_rate", "gen_answer_rate", "gen_answer_only_rate", "gen_forced_valid_rate", "gen_forced_answer_rate", "gen_classified_share",
+                 "gen_routing_effect", "marginal_nll", "base_nll", "eval_theta", "eval_std",
                  "I_zs_norm_amortized", "amortized_agreement", "reveal_weight", "c_model", "c_data", "T_y_mean",
-                 "I_zs_given_x_norm", "alignment_posterior", "gen_alignment_controlled", "gen_coverage_mean", "gen_answer_rate")
+                 "I_zs_given_x_norm", *_ALIGNMENTS, "gen_coverage_mean", "gate_valid_rate", "gate_answer_only_accuracy")
 GROUP_BY = ("regime", "latent", "posterior", "K", "objective", "alpha", "gamma", "beta")  # one table row per group, seeds averaged
 
 def _scalar_columns(records):
@@ -45,13 +51,14 @@ def _group(r: dict) -> tuple:
 
 def aggregate(records: list[dict],  # one metrics record per run
              ) -> list[dict]:        # one row per group of GROUP_BY
-    "Mean and standard error over seeds per (regime, latent, posterior, K, objective, alpha, gamma, beta)."
+    "Mean, standard error and per-seed values (min, median, max, and all in seed order) over seeds per (regime, latent, posterior, K, objective, alpha, gamma, beta)."
     groups = {}
     for r in records: groups.setdefault(_group(r), []).append(r)
     rows = []
     for key, rs in sorted(groups.items(), key=lambda kv: tuple(str(v) for v in kv[0][:5]) + kv[0][5:]):
         row = dict(zip(GROUP_BY, key))
         row["objective"] = row["objective"] if row["objective"] != "theta" else f"theta(a={row['alpha']},g={row['gamma']})"
+        rs = sorted(rs, key=lambda r: r.get("seed", 0))
         row["seeds"] = len(rs)
         for m in TABLE_METRICS:
             vals = [r[m] for r in rs if isinstance(r.get(m), (int, float)) and math.isfinite(r[m])]
@@ -59,15 +66,21 @@ def aggregate(records: list[dict],  # one metrics record per run
             mean = sum(vals) / len(vals)
             se = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1) / len(vals)) if len(vals) > 1 else float("nan")
             row[m], row[m + "_se"] = mean, se
+            row[m + "_min"], row[m + "_median"], row[m + "_max"] = min(vals), statistics.median(vals), max(vals)
+            row[m + "_seeds"] = " ".join(f"{v:.4g}" for v in vals)  # every seed's value, in seed order
         rows.append(row)
     return rows
 
-DEFAULT_COLUMNS = ("tau", "rate", "I_zxy", "I_zs_given_x_norm", "I_zs_norm", "alignment_posterior", "gen_alignment_controlled",
-                   "gen_coverage_mean", "gen_answer_rate", "gain_z", "drift")
+DEFAULT_COLUMNS = ("tau", "rate", "I_zs_given_x_norm", "I_zs_norm", "alignment_posterior", "alignment_posterior_null", "gen_alignment_controlled_all",
+                   "gen_alignment_controlled_all_null", "gen_purity_controlled_all", "gen_classified_share", "gen_answer_rate", "gain_z", "drift")
+TABLE_LEGEND = ("alignment_*: one-to-one code-strategy matching; purity_*: many-to-one (each code to its majority strategy); *_null: the chance "
+                "level of the same counts (codes independent of strategies); posterior: argmax q on held-out pairs; controlled_all: every "
+                "generation under forced codes counts, invalid or ambiguous ones as unmatched; classified_share: the generations the checker "
+                "gives one strategy; answer_rate: valid traces with the right answer. Cells: mean ± standard error over seeds [min median max].")
 
 # %% ../nbs/12_reports.ipynb #1f67695b
-def markdown_table(rows: list[dict], metrics=DEFAULT_COLUMNS) -> str:
-    "Rows of `aggregate` as a Markdown table, `mean ± se`."
+def markdown_table(rows: list[dict], metrics=DEFAULT_COLUMNS, legend: str = "") -> str:
+    "Rows of `aggregate` as a Markdown table: `mean ± se [min median max]` over seeds; `legend` follows it."
     head = ["regime", "latent", "posterior", "K", "objective", "β", "seeds", *metrics]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -75,22 +88,24 @@ def markdown_table(rows: list[dict], metrics=DEFAULT_COLUMNS) -> str:
         for m in metrics:
             if m not in r: cells.append("—"); continue
             se = r[m + "_se"]
-            cells.append(f"{r[m]:.3f}" + ("" if math.isnan(se) else f" ± {se:.3f}"))
+            per_seed = "" if math.isnan(se) else f" [{r[m + '_min']:.2f} {r[m + '_median']:.2f} {r[m + '_max']:.2f}]"
+            cells.append(f"{r[m]:.3f}" + ("" if math.isnan(se) else f" ± {se:.3f}") + per_seed)
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + (f"\n{legend}\n" if legend else "")
 
 # %% ../nbs/12_reports.ipynb #d08f946e
+def _csv_bytes(rows: list[dict], cols: list[str]) -> bytes:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, cols, extrasaction="ignore"); w.writeheader(); w.writerows(rows)
+    return buf.getvalue().encode()
+
 def write_results(out: Path, records: list[dict]) -> None:
-    "results.csv (every run), table.csv and table.md (aggregated over seeds)."
+    "results.csv (every run), table.csv and table.md (aggregated over seeds), each written atomically."
     out = Path(out)
-    cols = _scalar_columns(records)
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, cols, extrasaction="ignore"); w.writeheader(); w.writerows(records)
+    atomic_write_bytes(out / "results.csv", _csv_bytes(records, _scalar_columns(records)))
     rows = aggregate(records)
-    tcols = _scalar_columns(rows)
-    with open(out / "table.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, tcols, extrasaction="ignore"); w.writeheader(); w.writerows(rows)
-    (out / "table.md").write_text(markdown_table(rows))
+    atomic_write_bytes(out / "table.csv", _csv_bytes(rows, _scalar_columns(rows)))
+    atomic_write_bytes(out / "table.md", markdown_table(rows, legend=TABLE_LEGEND).encode())
 
 # %% ../nbs/12_reports.ipynb #be4d44e0
 CURVE_TERMS = tuple(t for t in TERM_NAMES if t not in ("topk", "mean1", "inv_tok"))  # the terms drawn in the training curves
@@ -119,23 +134,32 @@ def _label(r):
     name = r["objective"] if r["objective"] != "theta" else f"theta(a={r['alpha']:g},g={r['gamma']:g})"
     return name + (f" [{r['posterior']}]" if r.get("posterior") not in (None, "") and r.get("latent") == "discrete" else "")
 
+def _runs_by_label(rows: list[dict]) -> dict:
+    "Rows by line label, then by β (each β's list holds one row per seed)."
+    out = {}
+    for r in rows: out.setdefault(_label(r), {}).setdefault(r["beta"], []).append(r)
+    return {lab: dict(sorted(by_beta.items())) for lab, by_beta in sorted(out.items())}
+
+def _seeds_and_mean(ax, by_beta: dict, x, y, color, label: str, **line):
+    "Every seed as a point at its own (x, y), and the mean over seeds of each β as a line through them."
+    for rs in by_beta.values(): ax.scatter([x(r) for r in rs], [y(r) for r in rs], s=12, alpha=0.45, color=color, lw=0)
+    mean = lambda f, rs: sum(f(r) for r in rs) / len(rs)
+    return ax.plot([mean(x, rs) for rs in by_beta.values()], [mean(y, rs) for rs in by_beta.values()], color=color, label=label, **line)
+
 # %% ../nbs/12_reports.ipynb #210803c5
 def figure_frontier(out: Path, regime: str = "early", latent: str = "discrete"):
-    "Rate vs absolute information gain over β, and $I(z;s)/H(s)$ vs β, one line per objective (means over seeds)."
+    "Rate vs absolute information gain over β, and $I(z;s)/H(s)$ vs β, one colour per objective: every seed a point, the mean over seeds a line."
     import matplotlib.pyplot as plt
     rows = [r for r in read_results(out) if r["regime"] == regime and r["latent"] == latent]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for lab in sorted({_label(r) for r in rows}):
-        pts = {}
-        for r in rows:
-            if _label(r) == lab: pts.setdefault(r["beta"], []).append(r)
-        betas = sorted(pts)
-        mean = lambda k: [sum(x[k] for x in pts[b]) / len(pts[b]) for b in betas]
-        a1.plot(mean("rate"), mean("gain_abs"), "o-", label=lab)
-        for b, x, y in zip(betas, mean("rate"), mean("gain_abs")): a1.annotate(f"β={b:g}", (x, y), fontsize=7, alpha=0.7)
+    for i, (lab, by_beta) in enumerate(_runs_by_label(rows).items()):
+        c = f"C{i}"
+        (line,) = _seeds_and_mean(a1, by_beta, lambda r: r["rate"], lambda r: r["gain_abs"], c, lab, marker="o", ms=3)
+        for b, (x, y) in zip(by_beta, zip(*line.get_data())): a1.annotate(f"β={b:g}", (x, y), fontsize=7, alpha=0.7)
         if "I_zs_norm" in rows[0]:
-            a2.plot(betas, mean("I_zs_norm"), "o-", label=f"{lab}: I(z;s)/H(s)")
-            a2.plot(betas, [v / math.log(3) for v in mean("I_zxy")], "x--", alpha=0.6, label=f"{lab}: I(z;x,y)/log 3")
+            _seeds_and_mean(a2, by_beta, lambda r: r["beta"], lambda r: r["I_zs_norm"], c, f"{lab}: I(z;s)/H(s)", marker="o", ms=3)
+            _seeds_and_mean(a2, by_beta, lambda r: r["beta"], lambda r: r["I_zxy"] / math.log(r.get("K", 3)), c, f"{lab}: I(z;x,y)/log K",
+                            marker="x", ls="--", alpha=0.6)
     a1.axhline(0, color="k", lw=0.5)
     a1.set_xlabel("rate  KL(q || r)  [nats]"); a1.set_ylabel("information gain  b̄ − ℓ̄  [nats/token]"); a1.set_title("Rate / information-gain frontier")
     a2.set_xscale("log"); a2.set_xlabel("β"); a2.set_ylabel("normalized information"); a2.set_title("What z carries")
@@ -145,25 +169,16 @@ def figure_frontier(out: Path, regime: str = "early", latent: str = "discrete"):
 
 # %% ../nbs/12_reports.ipynb #9795d56b
 def figure_collapse(out: Path, regime: str = "early", latent: str = "discrete"):
-    "What z carries against β and against τ = β/β*: $I(z;x,y)/\\log K$ and $I(z;s)/H(s)$, mean ± se over seeds, one line per objective."
+    "What z carries against β and against τ = β/β*: $I(z;x,y)/\\log K$ and $I(z;s)/H(s)$, every seed a point, the mean over seeds a line, one colour per objective."
     import matplotlib.pyplot as plt
     rows = [r for r in read_results(out) if r["regime"] == regime and r["latent"] == latent and "I_zxy" in r]
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
-    for lab in sorted({_label(r) for r in rows}):
-        pts = {}
-        for r in rows:
-            if _label(r) == lab: pts.setdefault(r["beta"], []).append(r)
-        betas = sorted(pts)
-        def stat(k, scale=lambda r: 1.0):
-            ms = [[x[k] / scale(x) for x in pts[b]] for b in betas]
-            mean = [sum(v) / len(v) for v in ms]
-            return mean, [(sum((a - m) ** 2 for a in v) / max(len(v) - 1, 1) / len(v)) ** 0.5 for v, m in zip(ms, mean)]
-        tau, _ = stat("tau")
-        izx, izx_se = stat("I_zxy", lambda x: math.log(x.get("K", 4)))
-        izs, izs_se = stat("I_zs_norm")
-        axes[0].errorbar(betas, izx, izx_se, marker="o", capsize=2, label=lab)
-        axes[1].errorbar(tau, izx, izx_se, marker="o", capsize=2, label=lab)
-        axes[2].errorbar(tau, izs, izs_se, marker="o", capsize=2, label=lab)
+    izx = lambda r: r["I_zxy"] / math.log(r.get("K", 4))
+    for i, (lab, by_beta) in enumerate(_runs_by_label(rows).items()):
+        c = f"C{i}"
+        _seeds_and_mean(axes[0], by_beta, lambda r: r["beta"], izx, c, lab, marker="o", ms=3)
+        _seeds_and_mean(axes[1], by_beta, lambda r: r["tau"], izx, c, lab, marker="o", ms=3)
+        _seeds_and_mean(axes[2], by_beta, lambda r: r["tau"], lambda r: r["I_zs_norm"], c, lab, marker="o", ms=3)
     for ax, (x, y) in zip(axes, [("β", "I(z;x,y) / log K"), ("τ = β / β*", "I(z;x,y) / log K"), ("τ = β / β*", "I(z;s) / H(s)")]):
         ax.set_xscale("log"); ax.set_xlabel(x); ax.set_ylabel(y); ax.set_ylim(-0.05, 1.05)
         ax.xaxis.set_minor_formatter(plt.NullFormatter())  # minor labels of a short log axis collide
@@ -171,6 +186,25 @@ def figure_collapse(out: Path, regime: str = "early", latent: str = "discrete"):
     axes[0].set_title("against β"); axes[1].set_title("against τ (break-even at 1)"); axes[2].set_title("the strategy, against τ")
     axes[2].legend(fontsize=7, frameon=False)
     fig.tight_layout(); _save(fig, out, f"collapse-{regime}-{latent}")
+    return fig
+
+# %% ../nbs/12_reports.ipynb #93006dd7
+def figure_alignment(out: Path, regime: str = "early", latent: str = "discrete"):
+    "Posterior and controlled (all-generation) one-to-one alignment and purity against τ, every seed a point, with the null of the same counts dashed."
+    import matplotlib.pyplot as plt
+    rows = [r for r in read_results(out) if r["regime"] == regime and r["latent"] == latent and isinstance(r.get("alignment_posterior"), float)]
+    panels = [("alignment_posterior", "posterior, one-to-one"), ("gen_alignment_controlled_all", "controlled (all generations), one-to-one"),
+              ("purity_posterior", "posterior, purity (many-to-one)"), ("gen_purity_controlled_all", "controlled (all generations), purity")]
+    fig, axes = plt.subplots(1, 4, figsize=(18, 3.8), sharey=True)
+    for ax, (key, title) in zip(axes, panels):
+        for i, (lab, by_beta) in enumerate(_runs_by_label([r for r in rows if isinstance(r.get(key), float)]).items()):
+            _seeds_and_mean(ax, by_beta, lambda r: r["tau"], lambda r: r[key], f"C{i}", lab, marker="o", ms=3)
+            means = [(sum(r["tau"] for r in rs) / len(rs), sum(r[key + "_null"] for r in rs) / len(rs)) for rs in by_beta.values()]
+            ax.plot(*zip(*means), color=f"C{i}", ls="--", lw=1, alpha=0.8)
+        ax.set_xscale("log"); ax.set_xlabel("τ = β / β*"); ax.set_title(title, fontsize=9); ax.set_ylim(0, 1.02)
+        ax.axvline(1, color="k", lw=0.6, ls=":"); ax.xaxis.set_minor_formatter(plt.NullFormatter())
+    axes[0].set_ylabel("score (solid) and its null (dashed)"); axes[-1].legend(fontsize=7, frameon=False)
+    fig.tight_layout(); _save(fig, out, f"alignment-{regime}-{latent}")
     return fig
 
 # %% ../nbs/12_reports.ipynb #297893ca
@@ -256,6 +290,7 @@ def write_figures(out: Path) -> None:
     rows = read_results(out)
     for regime, latent in sorted({(r["regime"], r["latent"]) for r in rows}):
         plt.close(figure_frontier(out, regime, latent)); plt.close(figure_collapse(out, regime, latent))
+        if latent == "discrete": plt.close(figure_alignment(out, regime, latent))
     for regime in sorted({r["regime"] for r in rows}): plt.close(figure_escape(out, regime, seed=int(rows[0]["seed"])))
     plt.close(figure_curves(out)); plt.close(figure_gain_per_position(out))
     plt.close(figure_weights(out, regime=rows[0]["regime"], seed=int(rows[0]["seed"])))

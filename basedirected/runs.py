@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from .base import (GATE_SAMPLES_PER_INPUT, BaseTrainConfig, FrozenReference, SurprisalCache, base_gate,
+from .base import (GATE, GATE_SAMPLES_PER_INPUT, BaseTrainConfig, FrozenReference, SurprisalCache, base_gate,
                                base_training_examples, estimate_model_reference_scale, pretrain_base)
 from .conventions import check_nonnegative, check_positive, check_unit_interval
 from .cvae import CVAEConfig, build_cvae
+from .metrics import MetricsConfig
 from .model import EncodedExamples, ModelConfig, TinyCausalLM
 from .objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig
 from .surprisal import ReferenceScale, estimate_reference_scale
@@ -90,6 +91,7 @@ class RunConfig:
     train: TrainConfig = TrainConfig()
     c_source: str = "model"                         # 'model' (y ~ p_theta, the definition) or 'data'
     c_samples: int = 2000                           # samples for c_theta
+    metrics: MetricsConfig = MetricsConfig()        # responses the held-out generation metrics sample
 
     def __post_init__(self):
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2**31: raise ValueError(f"seed must be an integer in [0, 2**31), got {self.seed!r}")
@@ -109,7 +111,8 @@ class RunConfig:
         base = dict(d["base"]); base["model"] = ModelConfig(**base["model"])
         train = dict(d["train"]); train["beta"] = BetaSchedule(**train["beta"])
         return cls(**{**d, "task": task_from_dict(d["task"]), "base": BaseTrainConfig(**base), "cvae": CVAEConfig(**d["cvae"]),
-                      "loss": ReconstructionLossConfig(**d["loss"]), "train": TrainConfig(**train)})
+                      "loss": ReconstructionLossConfig(**d["loss"]), "train": TrainConfig(**train),
+                      "metrics": MetricsConfig(**d.get("metrics", {}))})  # records written before generation sizes were configured
 
 # %% ../nbs/09_runs.ipynb #7d7e3f85
 @dataclass(frozen=True)
@@ -262,7 +265,8 @@ def prepare_gate(run_dir: Path, base, vocab, config: RunConfig, held_out: list[E
     path = RunDir(run_dir).gate
     if path.exists():
         d = read_json(path)
-        if _same(d.get("base"), _base_key(config)) and d.get("samples_per_input") == GATE_SAMPLES_PER_INPUT: return d
+        # a gate measured for this base under the same criteria and sample size (a change of criteria measures it again)
+        if _same(d.get("base"), _base_key(config)) and d.get("samples_per_input") == GATE_SAMPLES_PER_INPUT and d.get("criteria") == GATE: return d
     cache = SurprisalCache(FrozenReference(base), vocab, held_out[:256], device=device)
     gate = {**base_gate(base, vocab, config.task, held_out, cache, device=device), "base": _base_key(config)}
     atomic_write_json(path, gate)

@@ -16,8 +16,8 @@ from typing import ClassVar
 import torch
 
 # %% auto #0
-__all__ = ['SPECIALS', 'Example', 'TaskCheck', 'prefix_surprisal', 'Task', 'task_from_dict', 'Vocab', 'make_splits',
-           'epoch_permutation', 'batch_indices', 'example_record', 'export_jsonl']
+__all__ = ['SPECIALS', 'Example', 'TaskCheck', 'wilson_interval', 'rate_record', 'prefix_surprisal', 'Task', 'task_from_dict',
+           'Vocab', 'make_splits', 'epoch_permutation', 'batch_indices', 'example_record', 'export_jsonl']
 
 # %% ../nbs/05_tasks.ipynb #c7a84b6f
 @dataclass(frozen=True)
@@ -39,6 +39,31 @@ class TaskCheck:
     def strategy(self) -> int:
         "The unique strategy, or -1 when none or several match."
         return self.strategies[0] if len(self.strategies) == 1 else -1
+
+    @property
+    def solved(self) -> bool:
+        "A valid trace that reaches the right answer: a right answer after an invalid trace is not a solved task."
+        return self.valid and self.answer_correct
+
+# %% ../nbs/05_tasks.ipynb #afd329d2
+def wilson_interval(successes: int,            # k, the count of responses with the property
+                    n: int,                    # n, the responses checked
+                    confidence: float = 0.95,
+                   ) -> tuple[float, float]:   # (p_-, p_+); (nan, nan) when n = 0
+    "The Wilson score interval of the rate $k/n$ (`scipy.stats.binomtest`)."
+    if not 0 <= successes <= n: raise ValueError(f"a rate needs 0 <= successes <= n, got {successes} of {n}")
+    if n == 0: return float("nan"), float("nan")
+    from scipy.stats import binomtest  # scipy.stats costs seconds to import: only where a rate is computed
+    ci = binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
+
+def rate_record(name: str,       # the rate's name, e.g. 'valid_rate'
+                successes: int,  # k
+                n: int,          # n
+               ) -> dict:        # name: k/n, name_n: n, name_lo and name_hi: its Wilson 95 % interval
+    "A rate with its count and its Wilson 95 % interval, as every record of the package writes it."
+    lo, hi = wilson_interval(successes, n)
+    return {name: successes / n if n else float("nan"), f"{name}_n": n, f"{name}_lo": lo, f"{name}_hi": hi}
 
 # %% ../nbs/05_tasks.ipynb #1cb63780
 def prefix_surprisal(traces: list[tuple[str, ...]],  # the trace of each strategy on one input

@@ -57,7 +57,7 @@ def test_every_arm_trains_measures_and_generates_on_cuda(base_dir, tmp_path, lat
     assert [r["step"] for r in log if r["split"] == "train"] == list(range(1, 31)) and not any("skipped" in r for r in log)
     r = load_run(d, "cuda")
     assert {p.device.type for p in r.model.parameters()} == {"cuda"}
-    m = evaluate_model(r.model, r.held_out, r.eval_cache, r.task, n_generate=16, seed=0, c_ref=r.c_ref, loss=cfg.loss,
+    m = evaluate_model(r.model, r.held_out, r.eval_cache, r.task, n_routed=16, n_forced=8, seed=0, c_ref=r.c_ref, loss=cfg.loss,
                        beta=kl_weight(r, cfg.train.steps), reference=r.reference)
     for k in ("rate", "marginal_nll", "drift", "gain_z", "I_zxy"): assert math.isfinite(m[k]), (k, m[k])
     if latent == "discrete":
