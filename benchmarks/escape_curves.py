@@ -1,0 +1,92 @@
+"""Escape curves: how many CVAE steps the latent needs to leave its inert start, per task, objective, tau and posterior.
+
+Every cell is a `basedirected-train` command run to `--steps` with a held-out evaluation every `--every` steps; the base
+(and c_theta, and the gate) is trained once into `OUT/base` with the task's recipe and copied into each cell's directory,
+so all cells adapt the same base. Cells run `--jobs` at a time, one torch thread each. For each cell it prints the held-out
+rate KL(q || r) at every evaluation, the first step at which the rate reaches half of log K (the escape step, or 'none'),
+and the rate at the end; `OUT/curves.json` holds the same. This is the instrument behind the presets' run lengths.
+
+    python benchmarks/escape_curves.py --task sorting --taus 0.07,0.2 --steps 1000 --out runs/escape-sorting
+    python benchmarks/escape_curves.py --task sorting --taus 0.07 --posterior amortized --steps 1500 --out runs/escape-sorting
+
+Figures are printed and written, never asserted.
+"""
+import argparse
+import itertools
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+BASE_FILES = ("base.pt", "reference_scale.json", "base_gate.json")
+
+
+def escape_step(curve: list[tuple[int, float]], K: int) -> int | None:
+    "The first evaluated step whose held-out rate is at least half of log K (None: the latent never left)."
+    return next((step for step, rate in curve if rate >= 0.5 * math.log(K)), None)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--task", required=True, help="a task name (visiting_order regimes via --regime)")
+    p.add_argument("--regime", default=None, help="the task's preset")
+    p.add_argument("--objectives", default="theta,dist,celbo", help="comma-separated objective names")
+    p.add_argument("--taus", default="0.07,0.2", help="comma-separated tau (KL weight as a share of each objective's break-even)")
+    p.add_argument("--posterior", default="exact", choices=("exact", "amortized", "exact+distill"))
+    p.add_argument("--seeds", default="0", help="comma-separated CVAE seeds (every cell adapts the --base-seed base)")
+    p.add_argument("--base-seed", type=int, default=0)
+    p.add_argument("--K", type=int, default=3)
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--every", type=int, default=50, help="held-out evaluation period")
+    p.add_argument("--jobs", type=int, default=2, help="cells at a time, one torch thread each")
+    p.add_argument("--out", required=True, help="directory: OUT/base, one directory per cell, OUT/curves.json")
+    a = p.parse_args(argv)
+    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
+    where = ["--task", a.task] + (["--regime", a.regime] if a.regime else [])
+    common = [*where, "--base-seed", str(a.base_seed), "--K", str(a.K), "--threads", "1", "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    base = out / "base"
+    if not all((base / f).exists() for f in BASE_FILES):  # one step of a CVAE trains the base, c_theta and (with metrics) the gate
+        t0 = time.time()
+        r = subprocess.run(["basedirected-train", "--run-dir", str(base), *common, "--steps", "1", "--allow-failed-base", "--force"],
+                           capture_output=True, text=True, env=env)
+        if r.returncode: sys.exit(r.stderr[-2000:])
+        print(f"base trained in {time.time() - t0:.0f} s", flush=True)
+    gate = json.loads((base / "base_gate.json").read_text())
+    print(f"base gate: {'passes' if gate['passes'] else 'FAILS: ' + '; '.join(gate['failures'])}", flush=True)
+
+    def cell(c):
+        obj, tau, seed = c
+        d = out / f"{a.posterior}-{obj}-t{tau}-s{seed}"
+        d.mkdir(exist_ok=True)
+        for f in BASE_FILES:
+            if not (d / f).exists(): shutil.copy(base / f, d / f)
+        t0 = time.time()
+        r = subprocess.run(["basedirected-train", "--run-dir", str(d), *common, "--objective", obj, "--tau", str(tau), "--seed", str(seed),
+                            "--posterior", a.posterior, "--steps", str(a.steps), "--eval-every", str(a.every), "--checkpoint-every", str(a.steps),
+                            "--no-metrics", "--allow-failed-base"], capture_output=True, text=True, env=env)
+        if r.returncode: return c, None, r.stderr[-2000:]
+        ev = [json.loads(l) for l in (d / "log.jsonl").read_text().splitlines() if '"split": "eval"' in l]
+        return c, {"curve": [(e["step"], e["kl"]) for e in ev], "seconds": time.time() - t0}, None
+
+    cells = list(itertools.product(a.objectives.split(","), [float(t) for t in a.taus.split(",")], [int(s) for s in a.seeds.split(",")]))
+    results = []
+    with ThreadPoolExecutor(a.jobs) as pool:
+        for (obj, tau, seed), res, err in pool.map(cell, cells):
+            if err: print(f"{obj} tau {tau} seed {seed}: failed\n{err}", flush=True); continue
+            step = escape_step(res["curve"], a.K)
+            print(f"{a.task} {a.posterior} {obj} tau {tau} seed {seed}: escape step {step if step is not None else 'none'}, "
+                  f"final rate {res['curve'][-1][1]:.3f} nats ({res['seconds']:.0f} s)  "
+                  + " ".join(f"{s}:{k:.3f}" for s, k in res["curve"]), flush=True)
+            results.append({"objective": obj, "tau": tau, "seed": seed, "escape_step": step, **res})
+    (out / "curves.json").write_text(json.dumps({"task": a.task, "regime": a.regime, "posterior": a.posterior, "steps": a.steps,
+                                                 "base_gate_passes": gate["passes"], "cells": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
