@@ -28,14 +28,14 @@ from .objective import loss_reference_weights, loss_token_weights, term_token_we
 from .reconstruction import TERM_NAMES
 from .runs import Run, RunConfig, atomic_write_json, load_checkpoint, truncate_log
 from .tasks import epoch_permutation
-from .train import NonFiniteError, _checkpoint, _json_safe, _watch, evaluate, kl_weight
+from .train import NonFiniteError, _checkpoint, _json_safe, _watch, evaluate
 
 # %% auto #0
 __all__ = ['GROUP_FREE_FIELDS', 'ATTENTION_BACKENDS', 'group_key', 'pack_groups', 'TokenWeightTable', 'GroupAdamW', 'RunGroup',
            'train_group']
 
 # %% ../nbs/10b_groups.ipynb #7949a250
-GROUP_FREE_FIELDS = ("seed", "objective", "loss", "train.beta", "train.beta_times_c_ref", "train.free_bits")
+GROUP_FREE_FIELDS = ("seed", "base_seed", "objective", "loss", "train.beta", "train.tau", "train.beta_times_c_ref", "train.free_bits")
 
 def group_key(config: RunConfig) -> str | None:
     "What runs of one group must share: `config` without `GROUP_FREE_FIELDS`; None for a run that trains alone (its reference recomputed each step)."
@@ -276,7 +276,7 @@ class RunGroup:
         if self.compiled:
             T, Lb, Lg = (int(x.max()) for x in (d.host_response_len, d.host_base_len, d.host_gen_len))
             P, C = int(d.host_prefix_len.max()), int(d.host_suffix_len.max())
-        betas = [kl_weight(r, step) for r in self.runs]
+        betas = [r.kl_weight(step) for r in self.runs]
         lr = self.tc.lr_at(step)
         # host -> device through pinned memory: asynchronous, so the step's one sync stays the read at its end
         at, beta = (self._to_device(t) for t in (idx, torch.tensor(betas)))
@@ -374,7 +374,7 @@ def train_group(runs: list[Run],                # prepared runs sharing a group_
             for n, r in enumerate(runs):
                 if n in stopped: continue
                 if evaluate_now:
-                    ev = evaluate(r.model, r.held_out, r.eval_cache, r.c_ref, r.config.loss, kl_weight(r, step), seed=r.config.seed)
+                    ev = evaluate(r.model, r.held_out, r.eval_cache, r.c_ref, r.config.loss, r.kl_weight(step), seed=r.config.seed)
                     logs[n].write(json.dumps(_json_safe({"step": step + 1, "split": "eval", **ev})) + "\n")
                 if checkpoint_now:
                     logs[n].flush(); os.fsync(logs[n].fileno())
@@ -386,7 +386,7 @@ def train_group(runs: list[Run],                # prepared runs sharing a group_
     finals = []
     for n, r in enumerate(runs):
         if n in stopped: finals.append(stopped[n]); continue
-        final = evaluate(r.model, r.held_out, r.eval_cache, r.c_ref, r.config.loss, kl_weight(r, tc.steps), seed=r.config.seed)
+        final = evaluate(r.model, r.held_out, r.eval_cache, r.c_ref, r.config.loss, r.kl_weight(tc.steps), seed=r.config.seed)
         if end >= tc.steps: atomic_write_json(r.dir.eval, {"c_ref": r.scale.to_dict(), **final})
         finals.append(final)
     return finals

@@ -399,6 +399,7 @@ class HFRunConfig:
             if getattr(self, name) < 2: raise ValueError(f"{name} must be >= 2, got {getattr(self, name)}")
         if self.task is not None and self.task not in TASKS: raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.regime is not None and self.task is None: raise ValueError("regime needs a task")
+        if self.train.tau is not None: raise ValueError("tau needs a synthetic task's break-even beta*; give beta on a Hugging Face backbone")
 
     def to_dict(self) -> dict: return asdict(self)
     @classmethod

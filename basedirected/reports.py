@@ -23,20 +23,21 @@ from .runs import RunDir, atomic_write_bytes, atomic_write_json, environment_rec
 from .weights import reference_weights
 
 # %% auto #0
-__all__ = ['TABLE_METRICS', 'GROUP_BY', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'CURVE_TERMS', 'aggregate', 'markdown_table',
-           'write_results', 'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse', 'figure_alignment',
-           'figure_escape', 'figure_curves', 'figure_gain_per_position', 'figure_weights', 'write_figures',
-           'repro_main']
+__all__ = ['TABLE_METRICS', 'GROUP_BY', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'PAIRED_METRICS', 'SUCCESS', 'CURVE_TERMS',
+           'aggregate', 'markdown_table', 'stats_markdown', 'write_results', 'holm', 'paired_difference',
+           'paired_statistics', 'success_counts', 'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse',
+           'figure_alignment', 'figure_escape', 'figure_curves', 'figure_gain_per_position', 'figure_weights',
+           'figure_paired', 'write_figures', 'write_base_gates', 'repro_main']
 
 # %% ../nbs/12_reports.ipynb #ca5567ef
 _ALIGNMENTS = tuple(f"{pre}{a}_{t}{s}" for pre, t in (("", "posterior"), ("gen_", "controlled"), ("gen_", "controlled_all"))
                     for a in ("alignment", "purity") for s in ("", "_null", "_excess"))
-TABLE_METRICS = ("tau", "beta_star", "rate", "rate_at_1_3", "rate_at_2_3", "gain_abs", "gain_frac", "gain_z", "drift", "I_zs_norm", "I_zxy", "code_perplexity",
+TABLE_METRICS = ("tau", "beta_effective", "beta_star", "rate", "rate_at_1_3", "rate_at_2_3", "gain_abs", "gain_frac", "gain_z", "drift", "I_zs_norm", "I_zxy", "code_perplexity",
                  "gen_valid_rate", "gen_answer_rate", "gen_answer_only_rate", "gen_forced_valid_rate", "gen_forced_answer_rate", "gen_classified_share",
                  "gen_routing_effect", "marginal_nll", "base_nll", "eval_theta", "eval_std",
                  "I_zs_norm_amortized", "amortized_agreement", "reveal_weight", "c_model", "c_data", "T_y_mean",
                  "I_zs_given_x_norm", *_ALIGNMENTS, "gen_coverage_mean", "gate_valid_rate", "gate_answer_only_accuracy")
-GROUP_BY = ("regime", "latent", "posterior", "K", "objective", "alpha", "gamma", "beta")  # one table row per group, seeds averaged
+GROUP_BY = ("regime", "latent", "posterior", "K", "objective", "alpha", "gamma", "tau_target", "beta_target")  # a row per group: seeds averaged
 
 def _scalar_columns(records):
     cols = []
@@ -46,8 +47,9 @@ def _scalar_columns(records):
     return cols
 
 def _group(r: dict) -> tuple:
-    "A record's group key (records written before the posterior and K axes existed read as amortized, K = 4)."
-    return tuple(r.get(k, {"posterior": "amortized", "K": 4}.get(k)) for k in GROUP_BY)
+    "A record's group key: a cell's KL weight is its tau target or its beta target (records from before tau cells read beta as their target)."
+    r = {**r, "beta_target": r.get("beta_target", r.get("beta")) if r.get("tau_target") is None else None}
+    return tuple(r.get(k) for k in GROUP_BY)
 
 def aggregate(records: list[dict],  # one metrics record per run
              ) -> list[dict]:        # one row per group of GROUP_BY
@@ -55,7 +57,7 @@ def aggregate(records: list[dict],  # one metrics record per run
     groups = {}
     for r in records: groups.setdefault(_group(r), []).append(r)
     rows = []
-    for key, rs in sorted(groups.items(), key=lambda kv: tuple(str(v) for v in kv[0][:5]) + kv[0][5:]):
+    for key, rs in sorted(groups.items(), key=lambda kv: tuple(str(v) for v in kv[0][:5]) + tuple(-1 if v is None else v for v in kv[0][5:])):
         row = dict(zip(GROUP_BY, key))
         row["objective"] = row["objective"] if row["objective"] != "theta" else f"theta(a={row['alpha']},g={row['gamma']})"
         rs = sorted(rs, key=lambda r: r.get("seed", 0))
@@ -71,20 +73,22 @@ def aggregate(records: list[dict],  # one metrics record per run
         rows.append(row)
     return rows
 
-DEFAULT_COLUMNS = ("tau", "rate", "I_zs_given_x_norm", "I_zs_norm", "alignment_posterior", "alignment_posterior_null", "gen_alignment_controlled_all",
+DEFAULT_COLUMNS = ("tau", "beta_effective", "rate", "I_zs_given_x_norm", "I_zs_norm", "alignment_posterior", "alignment_posterior_null", "gen_alignment_controlled_all",
                    "gen_alignment_controlled_all_null", "gen_purity_controlled_all", "gen_classified_share", "gen_answer_rate", "gain_z", "drift")
 TABLE_LEGEND = ("alignment_*: one-to-one code-strategy matching; purity_*: many-to-one (each code to its majority strategy); *_null: the chance "
                 "level of the same counts (codes independent of strategies); posterior: argmax q on held-out pairs; controlled_all: every "
                 "generation under forced codes counts, invalid or ambiguous ones as unmatched; classified_share: the generations the checker "
-                "gives one strategy; answer_rate: valid traces with the right answer. Cells: mean ± standard error over seeds [min median max].")
+                "gives one strategy; answer_rate: valid traces with the right answer. KL weight: the cell's target, τ (a share of the objective's "
+                "break-even β*) or β; tau and beta_effective: what the run trained at. Cells: mean ± standard error over seeds [min median max].")
 
 # %% ../nbs/12_reports.ipynb #1f67695b
 def markdown_table(rows: list[dict], metrics=DEFAULT_COLUMNS, legend: str = "") -> str:
     "Rows of `aggregate` as a Markdown table: `mean ± se [min median max]` over seeds; `legend` follows it."
-    head = ["regime", "latent", "posterior", "K", "objective", "β", "seeds", *metrics]
+    head = ["regime", "latent", "posterior", "K", "objective", "KL weight", "seeds", *metrics]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["regime"], r["latent"], str(r.get("posterior", "")), str(r.get("K", "")), r["objective"], f"{r['beta']:g}", str(r["seeds"])]
+        weight = f"τ {r['tau_target']:g}" if r.get("tau_target") is not None else f"β {r['beta_target']:g}"
+        cells = [r["regime"], r["latent"], str(r.get("posterior", "")), str(r.get("K", "")), r["objective"], weight, str(r["seeds"])]
         for m in metrics:
             if m not in r: cells.append("—"); continue
             se = r[m + "_se"]
@@ -99,13 +103,90 @@ def _csv_bytes(rows: list[dict], cols: list[str]) -> bytes:
     w = csv.DictWriter(buf, cols, extrasaction="ignore"); w.writeheader(); w.writerows(rows)
     return buf.getvalue().encode()
 
+def stats_markdown(rows: list[dict]) -> str:
+    "`paired_statistics` as a Markdown table: mean difference [95 % interval], p and Holm-adjusted p, seeds."
+    lines = ["| task | cell | posterior | comparison | metric | seeds | mean difference [95 % CI] | p | p (Holm, across tasks) |", "|" + "---|" * 9]
+    f = lambda v: "—" if not (isinstance(v, float) and math.isfinite(v)) else f"{v:.3g}"
+    for r in rows:
+        lines.append(f"| {r['regime']} | {r['cell']} | {r['posterior']} | {r['comparison']} | {r['metric']} | {r['n']} | "
+                     f"{r['mean']:+.3f} [{r['ci_lo']:+.3f}, {r['ci_hi']:+.3f}] | {f(r['p'])} | {f(r.get('p_holm'))} |")
+    return "\n".join(lines) + "\n"
+
 def write_results(out: Path, records: list[dict]) -> None:
-    "results.csv (every run), table.csv and table.md (aggregated over seeds), each written atomically."
+    "results.csv (every run), table.csv and table.md (aggregated over seeds), stats.csv/.md (paired differences) and success.csv, each written atomically."
     out = Path(out)
     atomic_write_bytes(out / "results.csv", _csv_bytes(records, _scalar_columns(records)))
     rows = aggregate(records)
     atomic_write_bytes(out / "table.csv", _csv_bytes(rows, _scalar_columns(rows)))
     atomic_write_bytes(out / "table.md", markdown_table(rows, legend=TABLE_LEGEND).encode())
+    stats = paired_statistics(records)
+    cols = ["regime", "cell", "posterior", "K", "comparison", "metric", "n", "mean", "ci_lo", "ci_hi", "p", "p_holm", "seeds"]
+    atomic_write_bytes(out / "stats.csv", _csv_bytes(stats, cols))
+    atomic_write_bytes(out / "stats.md", stats_markdown(stats).encode())
+    atomic_write_bytes(out / "success.csv", _csv_bytes(success_counts(records), ["regime", "cell", "posterior", "K", "objective", "success", "success_n", "success_lo", "success_hi"]))
+
+# %% ../nbs/12_reports.ipynb #9b2d5b54
+PAIRED_METRICS = ("gen_alignment_controlled_all_excess", "I_zs_norm", "I_zs_given_x_norm", "gain_z", "drift", "gen_answer_rate")
+SUCCESS = {"gen_alignment_controlled_all": 0.9, "gen_answer_rate": 0.98}  # a seed succeeds when both figures reach these
+
+def holm(pvalues: list[float]) -> list[float]:
+    "Holm's step-down adjustment of `pvalues` (NaN stays NaN and does not count as a test)."
+    idx = sorted((i for i, p in enumerate(pvalues) if isinstance(p, float) and math.isfinite(p)), key=lambda i: pvalues[i])
+    out, running, m = [float("nan")] * len(pvalues), 0.0, len(idx)
+    for rank, i in enumerate(idx):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = running
+    return out
+
+def paired_difference(diffs: list[float]) -> dict:
+    "Mean, 95 % t interval and two-sided p of paired differences (p NaN when they do not vary)."
+    from scipy import stats
+    n, mean = len(diffs), sum(diffs) / len(diffs) if diffs else float("nan")
+    if n < 2 or statistics.pstdev(diffs) == 0: return {"n": n, "mean": mean, "ci_lo": mean if n else float("nan"), "ci_hi": mean if n else float("nan"), "p": float("nan")}
+    t = stats.ttest_1samp(diffs, 0.0)
+    ci = t.confidence_interval(0.95)
+    return {"n": n, "mean": mean, "ci_lo": float(ci.low), "ci_hi": float(ci.high), "p": float(t.pvalue)}
+
+# %% ../nbs/12_reports.ipynb #795dc306
+def _cell(r: dict) -> str:
+    "A record's cell as written in tables: 'tau 0.07' or 'beta 0.05'."
+    return f"tau {r['tau_target']:g}" if r.get("tau_target") is not None else f"beta {r.get('beta_target', r.get('beta')):g}"
+
+def paired_statistics(records: list[dict],                 # one metrics record per run
+                      baseline: str = "theta",             # the objective compared with every other
+                      metrics: tuple[str, ...] = PAIRED_METRICS,
+                     ) -> list[dict]:                      # a row per (task, cell, comparison, metric), Holm across tasks
+    "Paired differences baseline − X per task, cell and metric, over the seeds that ran both (same base, data and CVAE seed)."
+    by = {}
+    for r in records:
+        if r.get("latent") != "discrete": continue
+        by.setdefault((r["regime"], _cell(r), r.get("posterior"), r.get("K")), {}).setdefault(r["objective"], {})[r["seed"]] = r
+    rows = []
+    for (regime, cell, posterior, K), objs in sorted(by.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        if baseline not in objs: continue
+        for other in sorted(o for o in objs if o != baseline):
+            seeds = sorted(set(objs[baseline]) & set(objs[other]))
+            for m in metrics:
+                pairs = [(objs[baseline][s].get(m), objs[other][s].get(m)) for s in seeds]
+                diffs = [a - b for a, b in pairs if isinstance(a, (int, float)) and isinstance(b, (int, float))]
+                if not diffs: continue
+                rows.append({"regime": regime, "cell": cell, "posterior": posterior, "K": K, "comparison": f"{baseline} - {other}", "metric": m,
+                             **paired_difference(diffs), "seeds": " ".join(str(s) for s in seeds)})
+    families = {}
+    for i, r in enumerate(rows): families.setdefault((r["cell"], r["posterior"], r["K"], r["comparison"], r["metric"]), []).append(i)
+    for members in families.values():
+        for i, p in zip(members, holm([rows[i]["p"] for i in members])): rows[i]["p_holm"] = p
+    return rows
+
+def success_counts(records: list[dict]) -> list[dict]:
+    "Seeds per task, cell and objective whose controlled alignment (all generations) and answer rate reach `SUCCESS`, with Wilson intervals."
+    from basedirected.tasks import rate_record
+    by = {}
+    for r in records:
+        if r.get("latent") == "discrete": by.setdefault((r["regime"], _cell(r), r.get("posterior"), r.get("K"), r["objective"]), []).append(r)
+    ok = lambda r: all(isinstance(r.get(k), (int, float)) and r[k] >= v for k, v in SUCCESS.items())
+    return [{"regime": g[0], "cell": g[1], "posterior": g[2], "K": g[3], "objective": g[4], **rate_record("success", sum(map(ok, rs)), len(rs))}
+            for g, rs in sorted(by.items(), key=lambda kv: tuple(map(str, kv[0])))]
 
 # %% ../nbs/12_reports.ipynb #be4d44e0
 CURVE_TERMS = tuple(t for t in TERM_NAMES if t not in ("topk", "mean1", "inv_tok"))  # the terms drawn in the training curves
@@ -134,11 +215,17 @@ def _label(r):
     name = r["objective"] if r["objective"] != "theta" else f"theta(a={r['alpha']:g},g={r['gamma']:g})"
     return name + (f" [{r['posterior']}]" if r.get("posterior") not in (None, "") and r.get("latent") == "discrete" else "")
 
+def _target(r: dict) -> tuple:
+    "A run's cell on its line: ('tau', target) for a cell that names tau, else ('beta', beta)."
+    tau = r.get("tau_target")
+    return ("tau", tau) if isinstance(tau, float) and math.isfinite(tau) else ("beta", r["beta"])
+
 def _runs_by_label(rows: list[dict]) -> dict:
-    "Rows by line label, then by β (each β's list holds one row per seed)."
+    "Rows by line label, then by cell (each cell's list holds one row per seed), cells in order of their mean τ."
     out = {}
-    for r in rows: out.setdefault(_label(r), {}).setdefault(r["beta"], []).append(r)
-    return {lab: dict(sorted(by_beta.items())) for lab, by_beta in sorted(out.items())}
+    for r in rows: out.setdefault(_label(r), {}).setdefault(_target(r), []).append(r)
+    order = lambda item: sum(r["tau"] if isinstance(r.get("tau"), float) else r["beta"] for r in item[1]) / len(item[1])
+    return {lab: dict(sorted(cells.items(), key=order)) for lab, cells in sorted(out.items())}
 
 def _seeds_and_mean(ax, by_beta: dict, x, y, color, label: str, **line):
     "Every seed as a point at its own (x, y), and the mean over seeds of each β as a line through them."
@@ -155,7 +242,7 @@ def figure_frontier(out: Path, regime: str = "early", latent: str = "discrete"):
     for i, (lab, by_beta) in enumerate(_runs_by_label(rows).items()):
         c = f"C{i}"
         (line,) = _seeds_and_mean(a1, by_beta, lambda r: r["rate"], lambda r: r["gain_abs"], c, lab, marker="o", ms=3)
-        for b, (x, y) in zip(by_beta, zip(*line.get_data())): a1.annotate(f"β={b:g}", (x, y), fontsize=7, alpha=0.7)
+        for (axis, w), (x, y) in zip(by_beta, zip(*line.get_data())): a1.annotate(f"{'τ' if axis == 'tau' else 'β'}={w:g}", (x, y), fontsize=7, alpha=0.7)
         if "I_zs_norm" in rows[0]:
             _seeds_and_mean(a2, by_beta, lambda r: r["beta"], lambda r: r["I_zs_norm"], c, f"{lab}: I(z;s)/H(s)", marker="o", ms=3)
             _seeds_and_mean(a2, by_beta, lambda r: r["beta"], lambda r: r["I_zxy"] / math.log(r.get("K", 3)), c, f"{lab}: I(z;x,y)/log K",
@@ -209,19 +296,20 @@ def figure_alignment(out: Path, regime: str = "early", latent: str = "discrete")
 
 # %% ../nbs/12_reports.ipynb #297893ca
 def figure_escape(out: Path, regime: str = "early", seed: int = 0):
-    "Held-out rate over training, one panel per (posterior, objective), one line per β: how fast z leaves the inert start."
+    "Held-out rate over training, one panel per (posterior, objective), one line per cell (τ or β) of seed `seed`: how fast z leaves the inert start."
     import matplotlib.pyplot as plt
     runs = {}
     for rd in run_dirs(out):
         cfg = read_json(rd.config)["config"]
         if cfg["seed"] != seed or not rd.path.name.startswith(f"{regime}-") or cfg["cvae"]["latent"] != "discrete": continue
-        runs.setdefault((cfg["cvae"]["posterior"], cfg["objective"]), []).append((cfg["train"]["beta"]["beta"], rd))
+        cell = ("τ", cfg["train"]["tau"]) if cfg["train"].get("tau") is not None else ("β", cfg["train"]["beta"]["beta"])
+        runs.setdefault((cfg["cvae"]["posterior"], cfg["objective"]), []).append((cell, rd))
     panels = sorted(runs)
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(3.6 * max(len(panels), 1), 3.0), squeeze=False, sharey=True)
     for ax, key in zip(axes[0], panels):
-        for beta, rd in sorted(runs[key], key=lambda t: t[0]):
+        for (axis, w), rd in sorted(runs[key], key=lambda t: t[0]):
             ev = [r for r in read_log(rd.log) if r["split"] == "eval"]
-            ax.plot([r["step"] for r in ev], [r["kl"] for r in ev], "o-", ms=3, label=f"β={beta:g}")
+            ax.plot([r["step"] for r in ev], [r["kl"] for r in ev], "o-", ms=3, label=f"{axis}={w:g}")
         ax.set_title(f"{key[1]} [{key[0]}]", fontsize=9); ax.set_xlabel("step"); ax.set_yscale("symlog", linthresh=0.01)
     axes[0][0].set_ylabel("held-out rate KL(q || r)  [nats]"); axes[0][-1].legend(fontsize=7, frameon=False)
     fig.tight_layout(); _save(fig, out, f"escape-{regime}")
@@ -244,18 +332,19 @@ def figure_curves(out: Path, keys: list[str] | None = None):
     return fig
 
 # %% ../nbs/12_reports.ipynb #eaebc056
-def figure_gain_per_position(out: Path):
-    "Mean information gain $b_t - \\ell_t$ per response position, per objective (smallest β of the sweep)."
+def figure_gain_per_position(out: Path, regime: str = "early"):
+    "Mean information gain $b_t - \\ell_t$ per response position, per objective, at its cell of smallest τ (mean over seeds)."
     import matplotlib.pyplot as plt
     recs = [read_json(rd.metrics) for rd in run_dirs(out) if rd.metrics.exists()]
+    recs = [r for r in recs if r.get("regime") == regime and r.get("gain_per_position")]
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    for lab in sorted({_label(r) for r in recs}):
-        rs = [r for r in recs if _label(r) == lab and r["beta"] == min(x["beta"] for x in recs)]
+    for lab, cells in _runs_by_label(recs).items():
+        rs = next(iter(cells.values()))  # the cell of smallest mean tau
         T = min(len(r["gain_per_position"]) for r in rs)
         ax.plot(range(1, T + 1), [sum(r["gain_per_position"][t] for r in rs) / len(rs) for t in range(T)], "o-", label=lab)
     ax.axhline(0, color="k", lw=0.5); ax.set_xlabel("response position t"); ax.set_ylabel("b_t − ℓ_t  [nats]")
-    ax.set_title("Where z helps (smallest β, mean over seeds)"); ax.legend(fontsize=8, frameon=False)
-    fig.tight_layout(); _save(fig, out, "gain-per-position")
+    ax.set_title(f"Where z helps ({regime}; smallest τ, mean over seeds)"); ax.legend(fontsize=8, frameon=False)
+    fig.tight_layout(); _save(fig, out, f"gain-per-position-{regime}")
     return fig
 
 # %% ../nbs/12_reports.ipynb #a9df6e82
@@ -281,6 +370,26 @@ def figure_weights(out: Path, regime: str = "early", seed: int = 0, alpha: float
     fig.tight_layout(); _save(fig, out, "weights-heatmap")
     return fig
 
+# %% ../nbs/12_reports.ipynb #44c026d9
+def figure_paired(out: Path, regime: str, metric: str = "gen_alignment_controlled_all_excess"):
+    "Every seed's `metric` under each objective, one panel per cell, a seed's runs joined by a line (discrete latent, exact posterior first)."
+    import matplotlib.pyplot as plt
+    rows = [r for r in read_results(out) if r["regime"] == regime and r.get("latent") == "discrete" and isinstance(r.get(metric), float)]
+    cells = sorted({(_cell(r), r["posterior"]) for r in rows}, key=lambda c: (c[1] != "exact", c[0]))
+    fig, axes = plt.subplots(1, max(len(cells), 1), figsize=(3.4 * max(len(cells), 1), 3.4), squeeze=False, sharey=True)
+    for ax, (cell, post) in zip(axes[0], cells):
+        rs = [r for r in rows if (_cell(r), r["posterior"]) == (cell, post)]
+        objs = sorted({r["objective"] for r in rs}, key=lambda o: (o != "theta", o))
+        for seed in sorted({r["seed"] for r in rs}):
+            pts = [(objs.index(r["objective"]), r[metric]) for r in rs if r["seed"] == seed]
+            ax.plot(*zip(*sorted(pts)), "o-", color="0.5", alpha=0.5, ms=3, lw=0.8)
+        ax.plot(range(len(objs)), [sum(r[metric] for r in rs if r["objective"] == o) / sum(r["objective"] == o for r in rs) for o in objs],
+                "D", color="C3", ms=7, label="mean over seeds")
+        ax.axhline(0, color="k", lw=0.5); ax.set_xticks(range(len(objs)), objs, rotation=30, fontsize=8); ax.set_title(f"{cell} [{post}]", fontsize=9)
+    axes[0][0].set_ylabel(metric.replace("gen_", "")); axes[0][0].legend(fontsize=7, frameon=False)
+    fig.suptitle(f"{regime}: seed by seed", y=1.02); fig.tight_layout(); _save(fig, out, f"paired-{regime}")
+    return fig
+
 # %% ../nbs/12_reports.ipynb #894eb902
 def write_figures(out: Path) -> None:
     "All figures of a finished sweep."
@@ -292,15 +401,26 @@ def write_figures(out: Path) -> None:
         plt.close(figure_frontier(out, regime, latent)); plt.close(figure_collapse(out, regime, latent))
         if latent == "discrete": plt.close(figure_alignment(out, regime, latent))
     for regime in sorted({r["regime"] for r in rows}): plt.close(figure_escape(out, regime, seed=int(rows[0]["seed"])))
-    plt.close(figure_curves(out)); plt.close(figure_gain_per_position(out))
+    for regime in sorted({r["regime"] for r in rows}):
+        plt.close(figure_gain_per_position(out, regime))
+        if any(r["regime"] == regime and r.get("objective") == "theta" and r.get("latent") == "discrete" for r in rows): plt.close(figure_paired(out, regime))
+    plt.close(figure_curves(out))
     plt.close(figure_weights(out, regime=rows[0]["regime"], seed=int(rows[0]["seed"])))
+
+# %% ../nbs/12_reports.ipynb #f60e7457
+def write_base_gates(out: Path) -> dict:
+    "`base_gates.json`: the quality gate of every shared base of the sweep (`bases/<task>-s<seed>/base_gate.json`), by directory name."
+    d = Path(out) / "bases"
+    gates = {p.name: read_json(p / "base_gate.json") for p in sorted(d.iterdir()) if (p / "base_gate.json").is_file()} if d.is_dir() else {}
+    atomic_write_json(Path(out) / "base_gates.json", gates)
+    return gates
 
 # %% ../nbs/12_reports.ipynb #cb3c6180
 def repro_main(argv: list[str] | None = None) -> int:
     "Console entry point `basedirected-repro`."
     p = argparse.ArgumentParser(prog="basedirected-repro", description="Reproduce the synthetic-sequence experiments: base pre-training, "
                                 "c_theta, every objective of the preset, metrics, tables and figures.")
-    p.add_argument("--preset", choices=tuple(PRESETS), default="quick", help="quick: ~10 min on a 2-core CPU; paper: the full grid (GPU); smoke: seconds")
+    p.add_argument("--preset", choices=tuple(PRESETS), default="quick", help="; ".join(f"{n}: {p.about}" for n, p in PRESETS.items()))
     p.add_argument("--out", default=None, help="output directory (default runs/repro-<preset>)")
     p.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 8), help="parallel worker processes, one run each (default: one per CPU core, at most 8)")
     p.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
@@ -322,6 +442,7 @@ def repro_main(argv: list[str] | None = None) -> int:
     records = execute(out, PRESETS[a.preset], jobs=a.jobs, device=a.device, force=a.force, progress=not a.quiet,
                       group_size=group_size, compile=a.compile)
     write_results(out, records)
+    write_base_gates(out)
     write_figures(out)
     wall = time.perf_counter() - t0
     env = environment_record(0)

@@ -22,7 +22,7 @@ from .base import (GATE, GATE_SAMPLES_PER_INPUT, BaseTrainConfig, FrozenReferenc
                                base_training_examples, estimate_model_reference_scale, pretrain_base)
 from .conventions import check_nonnegative, check_positive, check_unit_interval
 from .cvae import CVAEConfig, build_cvae
-from .metrics import MetricsConfig
+from .metrics import MetricsConfig, break_even_beta
 from .model import EncodedExamples, ModelConfig, TinyCausalLM
 from .objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig
 from .surprisal import ReferenceScale, estimate_reference_scale
@@ -51,6 +51,8 @@ class TrainConfig:
     grad_clip: float = 1.0                   # gradient-norm clipping
     warmup_steps: int = 20                   # linear learning-rate warm-up
     beta: BetaSchedule = BetaSchedule()      # the KL weight per step
+    tau: float | None = None                 # the KL weight as a share of the objective's break-even beta* (resolved from the base
+                                             # and the task before training; the schedule's shape is kept); None: beta.beta is it
     beta_times_c_ref: bool = False           # multiply the KL weight by c_theta (the cELBO(beta c_theta) control)
     free_bits: float = 0.0                   # free-bits floor on the KL in the loss
     free_bits_mode: str = "batch"            # 'batch' or 'dimension'
@@ -68,6 +70,7 @@ class TrainConfig:
         if self.free_bits_mode not in ("batch", "dimension"): raise ValueError(f"free_bits_mode must be 'batch' or 'dimension', got {self.free_bits_mode!r}")
         if self.lr_schedule not in LR_SCHEDULES: raise ValueError(f"lr_schedule must be {' or '.join(map(repr, LR_SCHEDULES))}, got {self.lr_schedule!r}")
         check_unit_interval(self.lr_min_ratio, "lr_min_ratio")
+        if self.tau is not None: check_nonnegative(self.tau, "tau")
 
     def lr_at(self, step: int) -> float:
         "Learning rate of `step`: linear warm-up, then constant or cosine decay."
@@ -76,11 +79,19 @@ class TrainConfig:
         progress = (step - self.warmup_steps) / max(self.steps - self.warmup_steps, 1)
         return self.lr * (self.lr_min_ratio + (1 - self.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
+    def kl_weight(self, step: int, c_ref: float, beta_star: float | None = None) -> float:
+        "The KL weight β of `step`: the schedule at its target β (times $\\widehat c_\\theta$ for the cELBO(β ĉ) control), or at τ·β* when `tau` is set."
+        if self.tau is None: return float(self.beta(step)) * (c_ref if self.beta_times_c_ref else 1.0)
+        if beta_star is None: raise ValueError("tau needs the objective's break-even beta_star")
+        return float(dataclasses.replace(self.beta, beta=self.tau * beta_star)(step))  # tau is relative to the loss's own beta*: no c_ref factor
+
 # %% ../nbs/09_runs.ipynb #9b8ef842
 @dataclass(frozen=True)
 class RunConfig:
     "Everything that determines a run."
-    seed: int = 0                                   # data, initialization and batches
+    seed: int = 0                                   # the CVAE: initialization, batches and noise (and all else unless base_seed is set)
+    base_seed: int | None = None                    # the data split, the base model, c_theta and its gate (None: seed), so that
+                                                    # several CVAE seeds can share one base
     task: Task = VisitingOrder()                    # the synthetic task and its regime
     n_train: int = 20000
     n_eval: int = 512
@@ -92,9 +103,18 @@ class RunConfig:
     c_source: str = "model"                         # 'model' (y ~ p_theta, the definition) or 'data'
     c_samples: int = 2000                           # samples for c_theta
     metrics: MetricsConfig = MetricsConfig()        # responses the held-out generation metrics sample
+    threads: int = 0                                # torch CPU threads (0: torch's default); CPU float sums, and so results, depend on it
 
     def __post_init__(self):
-        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**31: raise ValueError(f"seed must be an integer in [0, 2**31), got {self.seed!r}")
+        for name in ("seed", "base_seed"):
+            v = getattr(self, name)
+            if (v is not None or name == "seed") and (not isinstance(v, int) or not 0 <= v < 2**31): raise ValueError(f"{name} must be an integer in [0, 2**31), got {v!r}")
+        if not isinstance(self.threads, int) or self.threads < 0: raise ValueError(f"threads must be an integer >= 0, got {self.threads!r}")
+        if self.train.tau is not None:
+            probe = self.task.generate(1, 0)[0]
+            if self.task.ideal_surprisal(probe) is None or self.task.oracle_surprisal(probe) is None:
+                raise ValueError(f"tau needs a task whose ideal and oracle surprisal are known (they give the break-even beta*); "
+                                 f"task {self.task.name} has none: give beta instead")
         if self.n_train < 2: raise ValueError(f"n_train must be >= 2 (the data-based c_theta estimate needs two examples), got {self.n_train}")
         if self.n_eval < 1: raise ValueError(f"n_eval must be >= 1, got {self.n_eval}")
         if self.objective not in OBJECTIVE_NAMES + ("custom",): raise ValueError(f"objective must be one of {', '.join(OBJECTIVE_NAMES)} or custom, got {self.objective!r}")
@@ -103,6 +123,7 @@ class RunConfig:
         if self.cvae.latent == "discrete" and self.train.free_bits_mode == "dimension": raise ValueError("free_bits_mode 'dimension' needs latent 'continuous'")
         if self.cvae.latent == "discrete" and self.cvae.K > 64: raise ValueError(f"K must be <= 64, got {self.cvae.K}")
 
+    data_seed = property(lambda self: self.seed if self.base_seed is None else self.base_seed)  # seeds the data, the base, c_theta
     def to_dict(self) -> dict: return {**asdict(self), "task": self.task.to_dict()}
 
     @classmethod
@@ -223,15 +244,15 @@ def _same(a, b) -> bool:
     return json.loads(json.dumps(a)) == json.loads(json.dumps(b))
 
 def _base_key(config: RunConfig) -> dict:
-    "What a base model depends on: its training configuration, the seed and the task."
-    return {"base_config": asdict(config.base), "seed": config.seed, "task": config.task.to_dict()}
+    "What a base model depends on: its training configuration, its seed (the data seed), the task and the training split's size."
+    return {"base_config": asdict(config.base), "seed": config.data_seed, "task": config.task.to_dict(), "n_train": config.n_train}
 
 def load_base(run_dir: Path, vocab: Vocab, config: RunConfig | None = None) -> TinyCausalLM | None:
     "The base model of `run_dir` (eval mode); None when it is missing or was made for another configuration than `config`."
     path = RunDir(run_dir).base
     if not path.exists(): return None
     ck = load_checkpoint(path)
-    if config is not None and not _same({k: ck.get(k) for k in ("base_config", "seed", "task")}, _base_key(config)): return None
+    if config is not None and not _same({k: ck.get(k) for k in ("base_config", "seed", "task", "n_train")}, _base_key(config)): return None
     model = TinyCausalLM(len(vocab), ModelConfig(**ck["base_config"]["model"]))
     model.load_state_dict(ck["model"])
     return model.eval()
@@ -241,8 +262,8 @@ def prepare_base(run_dir: Path, vocab: Vocab, train: list[Example], config: RunC
     "Load `base.pt` from `run_dir` if it matches `config`, else pre-train it (on `base_training_examples`, never on a `held_out` input) and save it."
     model = load_base(run_dir, vocab, config)
     if model is not None: return model.to(device)
-    examples = base_training_examples(config.task, train, config.base, config.seed, held_out)
-    model, losses = pretrain_base(vocab, examples, config.base, seed=config.seed, device=device, progress=progress)
+    examples = base_training_examples(config.task, train, config.base, config.data_seed, held_out)
+    model, losses = pretrain_base(vocab, examples, config.base, seed=config.data_seed, device=device, progress=progress)
     atomic_torch_save(RunDir(run_dir).base, {"model": model.state_dict(), **_base_key(config), "final_loss": losses[-1]})
     return model
 
@@ -253,7 +274,7 @@ def prepare_reference_scale(run_dir: Path, base, vocab, train, reference, config
     if path.exists():
         d = read_json(path)  # reused only when made from the same base with the same sample size
         if d.get("c_samples") == config.c_samples and _same(d.get("base"), _base_key(config)): return ReferenceScale(**d[config.c_source])
-    model_scale, truncated = estimate_model_reference_scale(base, vocab, train, n=config.c_samples, seed=config.seed, device=device)
+    model_scale, truncated = estimate_model_reference_scale(base, vocab, train, n=config.c_samples, seed=config.data_seed, device=device)
     data_scale = estimate_reference_scale(SurprisalCache(reference, vocab, train[:config.c_samples], device=device).base_means(), "data")
     atomic_write_json(path, {"model": model_scale.to_dict(), "data": data_scale.to_dict(), "c_samples": config.c_samples,
                              "n_truncated_samples": truncated, "used": config.c_source, "base": _base_key(config)})
@@ -297,6 +318,15 @@ class Run:
 
     def log(self) -> list[dict]: return read_log(self.dir.log)
     @cached_property
+    def beta_star(self) -> float | None:
+        "The break-even KL weight $\\beta^\\star$ of the run's objective on its held-out split ([notebook 08](08_metrics.ipynb)); None where the task has no profiles."
+        return break_even_beta(self.task, self.held_out, self.eval_cache, self.c_ref, self.config.loss).get("beta_star")
+    def kl_weight(self, step: int) -> float:
+        "The KL weight of `step` ([`TrainConfig.kl_weight`](#TrainConfig.kl_weight), τ resolved with this run's $\\beta^\\star$)."
+        tc = self.config.train
+        if tc.tau is not None and not self.beta_star: raise ValueError(f"tau needs a positive break-even beta*, got {self.beta_star} (task {self.task.name})")
+        return tc.kl_weight(step, self.c_ref, self.beta_star if tc.tau is not None else None)
+    @cached_property
     def gate(self) -> dict: return prepare_gate(self.dir.path, self.base, self.vocab, self.config, self.held_out, self.device)
 
 # %% ../nbs/09_runs.ipynb #a50580b6
@@ -332,14 +362,17 @@ def prepare_run(run_dir: Path, config: RunConfig, device: str = "auto", progress
     check_run_dir(rd.path, config, resume_without_log)
     rd.path.mkdir(parents=True, exist_ok=True)
     device = resolve_device(device)
+    if config.threads: torch.set_num_threads(config.threads)
     atomic_write_json(rd.config, {"config": config.to_dict(), "environment": environment_record(config.seed)})
     vocab = run_vocab(config)
-    train, held_out = make_splits(config.task, config.n_train, config.n_eval, seed=config.seed)
+    train, held_out = make_splits(config.task, config.n_train, config.n_eval, seed=config.data_seed)
     base = prepare_base(rd.path, vocab, train, config, device, progress, held_out)
     scale = prepare_reference_scale(rd.path, base, vocab, train, FrozenReference(base), config, device)
     torch.manual_seed(config.seed)
     model = build_cvae(base, vocab, config.cvae, seed=config.seed).to(device)
-    return Run(rd, config, device, vocab, train, held_out, base, scale, model)
+    run = Run(rd, config, device, vocab, train, held_out, base, scale, model)
+    if config.train.tau is not None: run.beta_star  # resolved before any training, so a task without a break-even fails here
+    return run
 
 # %% ../nbs/09_runs.ipynb #8fa6cc9a
 def load_run(run_dir: Path, device: str = "cpu") -> Run:
@@ -352,7 +385,7 @@ def load_run(run_dir: Path, device: str = "cpu") -> Run:
     if base is None: raise ValueError(f"{rd.base} is missing or was made for another configuration")
     if not rd.scale.exists(): raise ValueError(f"{rd.scale} is missing: the run stopped before estimating c_theta")
     scale = ReferenceScale(**read_json(rd.scale)[config.c_source])
-    train, held_out = make_splits(config.task, config.n_train, config.n_eval, seed=config.seed)
+    train, held_out = make_splits(config.task, config.n_train, config.n_eval, seed=config.data_seed)
     base = base.to(device)
     model = build_cvae(base, vocab, config.cvae, seed=config.seed).to(device)
     if rd.checkpoint.exists(): model.load_state_dict(load_checkpoint(rd.checkpoint)["model"])

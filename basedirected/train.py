@@ -50,9 +50,9 @@ BASE_RECIPES = {"visiting_order": {"steps": 1500}, "sorting": {"steps": 5000},
                 "addition": {"steps": 8000, "d_model": 128, "n_layers": 3, "n_train": 100000}}
 
 # %% auto #0
-__all__ = ['TASKS', 'BASE_RECIPES', 'OPTIONS', 'evaluate', 'objective_terms', 'NonFiniteError', 'train_step', 'kl_weight',
-           'train_cvae', 'train_run', 'BaseGateError', 'gate_message', 'compile_cvae', 'run_metrics', 'run', 'Option',
-           'build_parser', 'task_from_args', 'config_from_args', 'train_main']
+__all__ = ['TASKS', 'BASE_RECIPES', 'OPTIONS', 'evaluate', 'objective_terms', 'NonFiniteError', 'train_step', 'train_cvae',
+           'train_run', 'BaseGateError', 'gate_message', 'compile_cvae', 'run_metrics', 'run', 'Option', 'build_parser',
+           'task_from_args', 'config_from_args', 'train_main']
 
 # %% ../nbs/10_train.ipynb #f9c72bad
 @torch.no_grad()
@@ -130,10 +130,6 @@ def train_step(run: Run, opt: torch.optim.Optimizer, step: int, beta: float, lr:
             **values, "examples_per_s": len(rows) / (time.perf_counter() - t0)}
 
 # %% ../nbs/10_train.ipynb #9750852b
-def kl_weight(run: Run, step: int, beta_schedule=None) -> float:
-    "The KL weight β of `step`: the schedule's value, times $\\widehat c_\\theta$ for the cELBO(β ĉ) control."
-    return float((beta_schedule or run.config.train.beta)(step)) * (run.c_ref if run.config.train.beta_times_c_ref else 1.0)
-
 def _checkpoint(run: Run, opt, step: int):
     if not all(bool(torch.isfinite(p).all()) for p in run.model.parameters()):
         raise NonFiniteError(f"step {step}: the weights are not finite; the last checkpoint was kept")
@@ -155,13 +151,11 @@ def _watch(record: dict, recent: deque, state: dict, limit: int):
 
 # %% ../nbs/10_train.ipynb #87b7c34e
 def train_cvae(run: Run,                       # a prepared run (`prepare_run`)
-               beta_schedule=None,             # a callable step -> beta replacing config.train.beta
                progress: bool = False,
                stop_after: int | None = None,  # stop after this many steps (as if interrupted)
               ) -> dict:                       # held-out terms of the final model
     "Train the CVAE, logging every term each step; resumes from the run's checkpoint if present."
     tc, model = run.config.train, run.model
-    beta_at = lambda s: kl_weight(run, s, beta_schedule)
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
     # resume
     start, recent, state = 0, deque(maxlen=50), {"skipped": 0, "warned": False}
@@ -177,7 +171,7 @@ def train_cvae(run: Run,                       # a prepared run (`prepare_run`)
     model.train()
     with open(run.dir.log, "a") as log:
         for step in steps:
-            beta = beta_at(step)
+            beta = run.kl_weight(step)
             record = train_step(run, opt, step, beta, tc.lr_at(step))
             log.write(json.dumps(_json_safe(record)) + "\n")
             try: _watch(record, recent, state, tc.max_nonfinite_steps)
@@ -190,12 +184,12 @@ def train_cvae(run: Run,                       # a prepared run (`prepare_run`)
                 _checkpoint(run, opt, step + 1)
             if progress and "loss" in record: steps.set_postfix(loss=f"{record['loss']:.3f}", kl=f"{record['kl']:.3f}", theta=f"{record['theta']:.3f}")
     # final held-out evaluation
-    return evaluate(model, run.held_out, run.eval_cache, run.c_ref, run.config.loss, beta_at(tc.steps), seed=run.config.seed)
+    return evaluate(model, run.held_out, run.eval_cache, run.c_ref, run.config.loss, run.kl_weight(tc.steps), seed=run.config.seed)
 
 # %% ../nbs/10_train.ipynb #50db95e0
-def train_run(run: Run, beta_schedule=None, progress: bool = False, stop_after: int | None = None) -> dict:
+def train_run(run: Run, progress: bool = False, stop_after: int | None = None) -> dict:
     "Train a prepared run; a run that reaches its last step writes `eval.json`. Returns the final held-out terms."
-    final = train_cvae(run, beta_schedule=beta_schedule, progress=progress, stop_after=stop_after)
+    final = train_cvae(run, progress=progress, stop_after=stop_after)
     if stop_after is None or stop_after >= run.config.train.steps:
         atomic_write_json(run.dir.eval, {"c_ref": run.scale.to_dict(), **final})
     return final
@@ -219,7 +213,7 @@ def run_metrics(run: Run,             # a trained run
                ) -> dict:
     "Every metric of a trained run ([notebook 08](08_metrics.ipynb), with the generation sizes of `config.metrics`), the break-even $\\beta^\\star$, $\\widehat c_\\theta$, the base's gate and the final held-out terms: the record of `metrics.json`."
     cfg = run.config
-    beta = kl_weight(run, cfg.train.steps)  # the final, effective KL weight
+    beta = run.kl_weight(cfg.train.steps)  # the final, effective KL weight
     metrics = evaluate_model(run.model, run.held_out, run.eval_cache, run.task, cfg.metrics.n_routed, cfg.metrics.n_forced, seed=cfg.seed,
                              c_ref=run.c_ref, loss=cfg.loss, beta=beta, reference=run.reference)
     diag = break_even_beta(run.task, run.held_out, run.eval_cache, run.c_ref, cfg.loss)
@@ -229,7 +223,7 @@ def run_metrics(run: Run,             # a trained run
     third = max(cfg.train.steps // 3, 1)
     record = {"task": cfg.task.name, "objective": cfg.objective, "seed": cfg.seed, "beta_effective": beta,
               "c_model": scales["model"]["value"], "c_data": scales["data"]["value"],
-              **diag, "tau": beta / diag["beta_star"] if diag.get("beta_star") else None,
+              **diag, "tau": beta / diag["beta_star"] if diag.get("beta_star") else None, "tau_target": cfg.train.tau, "base_seed": cfg.data_seed,
               "rate_at_1_3": rate_at(third), "rate_at_2_3": rate_at(2 * third),
               **{f"gate_{k}{s}": run.gate[k + s] for k in ("answer_only_accuracy", "valid_rate", "answer_accuracy") for s in ("", "_n", "_lo", "_hi")},
               **{f"gate_{k}": run.gate[k] for k in ("strategy_gap", "surprisal_excess")},
@@ -237,15 +231,14 @@ def run_metrics(run: Run,             # a trained run
     # a figure with no value here (e.g. no revealing token, no code ever chosen) is written as null: JSON has no NaN
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
 
-def run(run_dir: Path, config: RunConfig, device: str = "auto", progress: bool = False, beta_schedule=None,
-        stop_after: int | None = None, resume_without_log: bool = False, require_gate: bool = False, compile: bool = False,
+def run(run_dir: Path, config: RunConfig, device: str = "auto", progress: bool = False, stop_after: int | None = None, resume_without_log: bool = False, require_gate: bool = False, compile: bool = False,
         shared_prefix: bool = False, metrics: bool = False) -> dict:
     "A complete run in `run_dir`; returns the final held-out terms (also written to `eval.json`). `require_gate` refuses a failing base; `compile` compiles the CVAE; `shared_prefix` computes a discrete CVAE's prompt once for all codes; `metrics` writes `run_metrics` to `metrics.json` once the run is complete."
     r = prepare_run(run_dir, config, device, progress, resume_without_log)
     if compile: compile_cvae(r.model)
     if shared_prefix and hasattr(r.model, "shared_prefix"): r.model.shared_prefix = True
     if require_gate and not r.gate["passes"]: raise BaseGateError(gate_message(r.gate, r.dir.gate))
-    final = train_run(r, beta_schedule, progress, stop_after)
+    final = train_run(r, progress, stop_after)
     if metrics and (stop_after is None or stop_after >= config.train.steps): atomic_write_json(r.dir.metrics, run_metrics(r, final))
     return final
 
@@ -259,6 +252,7 @@ class Option:
     group: str
     choices: tuple | None = None
     default: object = ...  # `...`: the `RunConfig()` value at `path`; None: the preset's value
+    type: type | None = None  # the value's type where the default does not tell it (a field whose default is None)
 
     @property
     def dest(self) -> str: return self.flag.lstrip("-").replace("-", "_")
@@ -272,7 +266,10 @@ def _term_help(t): return f"weight lambda of the {t} term (overrides the objecti
 
 OPTIONS: tuple[Option, ...] = (
     Option("--run-dir", None, "directory for config, base model, c_theta, log, checkpoint, eval", "run", default="runs/train"),
-    Option("--seed", "seed", "seed of data, initialization and batches", "run"),
+    Option("--seed", "seed", "seed of the CVAE's initialization, batches and noise, and of the data and the base unless --base-seed is given", "run"),
+    Option("--base-seed", "base_seed", "seed of the data split, the base model, c_theta and its gate (default: --seed); CVAE seeds that give "
+           "one --base-seed share one base", "run", default=None, type=int),
+    Option("--threads", "threads", "torch CPU threads (0: torch's default); results on a CPU depend on it, so it is part of the run", "run"),
     Option("--device", None, "'auto', 'cpu' or 'cuda[:i]'", "run", default="auto"),
     Option("--task", None, "the synthetic task", "task", tuple(TASKS), "visiting_order"),
     Option("--regime", None, "a preset of the task: for visiting_order one of " + ", ".join(REGIMES) + " (default early); "
@@ -301,6 +298,8 @@ OPTIONS: tuple[Option, ...] = (
            "(default: the objective's, 0.5 for theta)", "objective", default=None),
     Option("--gamma", "loss.gamma", "gamma >= 0: concentration exponent of the surprisal weights b_t^gamma (default 1)", "objective", default=None),
     Option("--beta", "train.beta.beta", "KL weight beta >= 0 (the schedule's target)", "objective"),
+    Option("--tau", "train.tau", "the KL weight as a share tau of the objective's break-even beta* (resolved from the base and the task "
+           "before training; replaces --beta): tau < 1 is where using z is optimal", "objective", default=None, type=float),
     Option("--beta-schedule", "train.beta.kind", "beta schedule (default: the objective's)", "objective", BETA_SCHEDULES, None),
     Option("--beta-warmup-steps", "train.beta.warmup_steps", "ramp length of linear schedules (default: steps // 3)", "objective", default=None),
     Option("--beta-zero-steps", "train.beta.zero_steps", "steps at beta = 0 of zero_then_linear (default: steps // 6)", "objective", default=None),
@@ -363,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
         d = _default(o)
         if isinstance(d, bool):
             g.add_argument(o.flag, *o.aliases(), dest=o.dest, action=_Once, nargs=0, default=False, help=o.help); continue
-        typ = type(d) if d is not None else (str if o.choices else type(_field(RunConfig(), o.path)) if o.path else str)
+        typ = o.type or (type(d) if d is not None else (str if o.choices else type(_field(RunConfig(), o.path)) if o.path else str))
         shown = "" if d is None else f" (default: {d})"
         g.add_argument(o.flag, *o.aliases(), dest=o.dest, action=_Once, type=typ, choices=o.choices, default=d, help=o.help + shown)
     for flag, f in ORIGINAL_FLAG_ALIASES.items():
@@ -408,6 +407,7 @@ def task_from_args(a: argparse.Namespace, fields: dict) -> Task:
 # %% ../nbs/10_train.ipynb #814c172f
 def config_from_args(a: argparse.Namespace) -> RunConfig:
     "Validate the parsed options and build the `RunConfig`; `ValueError` names the offending option."
+    if a.tau is not None and "beta" in a.__dict__.get("_spelling", {}): raise ValueError("--tau and --beta both set the KL weight; give only one")
     given = {o.path: (getattr(a, o.dest), o.flag) for o in OPTIONS if o.path and getattr(a, o.dest) is not None}
     recipe, m = BASE_RECIPES[a.task], RunConfig().base.model
     given.setdefault("base.steps", (recipe["steps"], "--base-steps"))

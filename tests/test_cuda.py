@@ -13,7 +13,7 @@ import torch
 
 from basedirected.metrics import evaluate_model
 from basedirected.runs import load_run, prepare_run, read_log
-from basedirected.train import build_parser, config_from_args, kl_weight, run, train_step
+from basedirected.train import build_parser, config_from_args, run, train_step
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: run `pytest -m cuda` on a GPU machine")]
@@ -58,7 +58,7 @@ def test_every_arm_trains_measures_and_generates_on_cuda(base_dir, tmp_path, lat
     r = load_run(d, "cuda")
     assert {p.device.type for p in r.model.parameters()} == {"cuda"}
     m = evaluate_model(r.model, r.held_out, r.eval_cache, r.task, n_routed=16, n_forced=8, seed=0, c_ref=r.c_ref, loss=cfg.loss,
-                       beta=kl_weight(r, cfg.train.steps), reference=r.reference)
+                       beta=r.kl_weight(cfg.train.steps), reference=r.reference)
     for k in ("rate", "marginal_nll", "drift", "gain_z", "I_zxy"): assert math.isfinite(m[k]), (k, m[k])
     if latent == "discrete":
         assert 0 <= m["alignment_posterior"] <= 1 and any(k.startswith("gen_") for k in m)

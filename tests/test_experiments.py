@@ -26,7 +26,7 @@ def smoke_dir(tmp_path_factory):
 def test_main_job_writes_tables_figures_and_per_run_files(smoke_dir):
     assert {"results.csv", "table.md", "table.csv", "summary.json", "preset.json"} <= set(os.listdir(smoke_dir))
     figures = set(os.listdir(smoke_dir / "figures"))
-    for name in ("frontier-early-discrete", "training-curves", "gain-per-position", "weights-heatmap"):
+    for name in ("frontier-early-discrete", "alignment-early-discrete", "training-curves", "gain-per-position-early", "weights-heatmap"):
         assert {f"{name}.png", f"{name}.svg"} <= figures
     for spec in plan(PRESETS["smoke"]):
         d = smoke_dir / "runs" / spec.key
@@ -88,7 +88,9 @@ def test_every_sweep_cell_is_the_training_cli_with_its_options():
             assert config_from_args(parser.parse_args(list(spec.argv))) == spec.config
             assert spec.config.objective == spec.objective
             assert spec.config.loss == objectives(spec.alpha, spec.gamma)[spec.objective].loss
-    assert {s.objective for s in plan(PRESETS["paper"])} == set(objectives())
+    for name in ("study", "paper"):  # every preset's cells parse, and every objective stays reachable from the training CLI
+        for spec in plan(PRESETS[name]): assert config_from_args(parser.parse_args(list(spec.argv))) == spec.config
+    for name in objectives(): assert config_from_args(parser.parse_args(["--objective", name])).objective == name
 
 
 def test_a_sweep_run_and_a_cli_run_of_the_same_objective_log_the_same_terms(tmp_path, smoke_dir):
@@ -113,3 +115,69 @@ def test_repro_cli_rejects_bad_options():
     p = subprocess.run([sys.executable, "-c", "from basedirected.reports import repro_main; repro_main()", "--jobs", "0"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "--jobs must be >= 1" in p.stderr
+
+
+def test_a_sweep_cell_rerun_from_its_command_equals_the_sweeps_record(tmp_path, smoke_dir):
+    "command.txt carries every setting that changes a figure (generation sizes, threads, base seed): run in a fresh directory it gives the same record."
+    import shlex
+    from basedirected.runs import read_json
+    spec = next(s for s in plan(PRESETS["smoke"]) if s.objective == "theta" and s.posterior == "exact")
+    argv = shlex.split((smoke_dir / "runs" / spec.key / "command.txt").read_text())
+    assert argv[:3] == ["basedirected-train", "--run-dir", str(smoke_dir / "runs" / spec.key)] and "--threads" in argv and "--n-routed" in argv
+    fresh = tmp_path / "fresh"
+    before = __import__("torch").get_num_threads()
+    try: train_main(["--run-dir", str(fresh), "--quiet", "--allow-failed-base", *argv[3:]])
+    finally: __import__("torch").set_num_threads(before)
+    sweep, cli = read_json(smoke_dir / "runs" / spec.key / "metrics.json"), read_json(fresh / "metrics.json")
+    cell_only = {"key", "objective", "beta", "seed", "regime", "latent", "posterior", "K", "alpha", "gamma", "seconds", "tau_target", "beta_target"}
+    assert {k: v for k, v in sweep.items() if k not in cell_only} == {k: v for k, v in cli.items() if k not in cell_only}
+
+
+def test_a_sweep_refuses_a_base_that_fails_the_gate_unless_the_preset_names_it(tmp_path):
+    from basedirected.train import BaseGateError
+    preset = dataclasses.replace(PRESETS["smoke"], gate_exceptions=(), posteriors=("exact",), objectives=("celbo",))
+    with pytest.raises(BaseGateError, match="fails the quality gate .*names no exception"):
+        execute(tmp_path / "a", preset, progress=False)
+    assert not (tmp_path / "a" / "runs").exists()
+    with pytest.raises(BaseGateError, match="names no exception"):
+        execute(tmp_path / "b", preset, jobs=2, device="cpu", progress=False)  # the worker path checks it too
+
+
+def test_cvae_seeds_of_a_preset_with_a_base_seed_share_one_base(tmp_path):
+    preset = dataclasses.replace(PRESETS["smoke"], seeds=(0, 1), base_seed=0, posteriors=("exact",), objectives=("theta",))
+    records = execute(tmp_path, preset, progress=False)
+    assert sorted(os.listdir(tmp_path / "bases")) == ["early-s0"]
+    assert records[0]["c_model"] == records[1]["c_model"] and records[0]["eval_loss"] != records[1]["eval_loss"]
+    assert {r["base_seed"] for r in records} == {0}
+
+
+def test_presets_train_each_tasks_own_recipe_and_cells_name_tau():
+    study = plan(PRESETS["study"])
+    assert {s.regime for s in study} == {"sorting", "grid_pathfinding", "addition"}
+    assert all(s.config.base.steps == {"sorting": 5000, "grid_pathfinding": 10000, "addition": 8000}[s.regime] for s in study)
+    tau_cells = [s for s in study if s.tau is not None]
+    assert tau_cells and all(s.config.train.tau == s.tau and "--tau" in s.argv for s in tau_cells)
+    assert {s.config.data_seed for s in study} == {0}
+
+
+def test_paired_statistics_recover_a_known_effect_and_holm_corrects_across_tasks():
+    import random
+    from basedirected.reports import holm, paired_statistics, success_counts
+    rng = random.Random(1)
+    records = []
+    for task, effect in (("sorting", 0.25), ("grid_pathfinding", 0.0), ("addition", 0.0)):
+        for seed in range(8):
+            shared = rng.gauss(0.3, 0.2)
+            for obj, shift in (("theta", effect), ("dist", 0.0)):
+                records.append({"regime": task, "latent": "discrete", "posterior": "exact", "K": 3, "objective": obj, "seed": seed, "tau_target": 0.07,
+                                "gen_alignment_controlled_all_excess": shared + shift + rng.gauss(0, 0.04),
+                                "gen_alignment_controlled_all": 0.95 if obj == "theta" else 0.5, "gen_answer_rate": 0.99})
+    rows = {r["regime"]: r for r in paired_statistics(records, metrics=("gen_alignment_controlled_all_excess",))}
+    assert rows["sorting"]["ci_lo"] > 0.15 and rows["sorting"]["ci_hi"] < 0.35 and rows["sorting"]["n"] == 8
+    assert rows["grid_pathfinding"]["ci_lo"] < 0 < rows["grid_pathfinding"]["ci_hi"]
+    ps = [rows[t]["p"] for t in ("sorting", "grid_pathfinding", "addition")]
+    assert [rows[t]["p_holm"] for t in ("sorting", "grid_pathfinding", "addition")] == pytest.approx(holm(ps))
+    assert rows["sorting"]["p_holm"] == pytest.approx(3 * rows["sorting"]["p"])
+    success = {(s["regime"], s["objective"]): s for s in success_counts(records)}
+    assert success[("sorting", "theta")]["success"] == 1.0 and success[("sorting", "dist")]["success"] == 0.0
+    assert success[("sorting", "dist")]["success_hi"] < 0.4  # 0 of 8: the Wilson interval's upper end

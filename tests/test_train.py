@@ -278,3 +278,55 @@ def test_cli_is_generated_from_the_run_configuration():
     for o in OPTIONS:  # every option names a real field, and its default is the configuration's
         if o.path and o.default is ...:
             assert build_parser().get_default(o.dest) == eval("RunConfig()." + o.path), o.flag
+
+
+# --- tau, the base seed and the thread count ---
+
+def test_a_run_at_tau_trains_at_tau_times_its_break_even(tmp_path):
+    from basedirected.metrics import break_even_beta
+    cfg = tiny_config(tau=0.5)
+    final = run(tmp_path / "t", cfg, device="cpu", metrics=True)
+    r = prepare_run(tmp_path / "t", cfg, "cpu")
+    beta_star = break_even_beta(r.task, r.held_out, r.eval_cache, r.c_ref, cfg.loss)["beta_star"]
+    assert r.kl_weight(0) == pytest.approx(0.5 * beta_star, rel=1e-12)
+    logged = [l["beta"] for l in read_log(tmp_path / "t" / "log.jsonl") if l["split"] == "train"]
+    assert logged and all(b == pytest.approx(0.5 * beta_star) for b in logged)
+    m = json.loads((tmp_path / "t" / "metrics.json").read_text())
+    assert m["tau_target"] == 0.5 and m["tau"] == pytest.approx(0.5) and m["beta_effective"] == pytest.approx(0.5 * beta_star)
+    assert final["kl"] >= 0
+
+
+def test_celbo_scaled_at_tau_is_the_celbo_at_tau():
+    "On the tau axis the cELBO(beta c) control is the cELBO itself: the same loss at the same effective KL weight."
+    c = config_from_args(build_parser().parse_args(["--objective", "celbo_scaled", "--tau", "0.2"]))
+    e = config_from_args(build_parser().parse_args(["--objective", "celbo", "--tau", "0.2"]))
+    assert c.loss == e.loss and c.train.beta_times_c_ref and not e.train.beta_times_c_ref
+    assert c.train.kl_weight(5, c_ref=0.04, beta_star=0.03) == e.train.kl_weight(5, c_ref=0.04, beta_star=0.03) == pytest.approx(0.006)
+
+
+def test_tau_and_beta_together_are_refused():
+    with pytest.raises(ValueError, match="--tau and --beta both set the KL weight"):
+        config_from_args(build_parser().parse_args(["--tau", "0.1", "--beta", "0.3"]))
+
+
+def test_cvae_seeds_sharing_a_base_seed_share_the_base_and_data_but_not_the_cvae(tmp_path):
+    a = run(tmp_path / "a", tiny_config(), device="cpu")
+    cfg_b = RunConfig(**{**tiny_config().__dict__, "seed": 7, "base_seed": 0})
+    b = run(tmp_path / "b", cfg_b, device="cpu")
+    base_a = torch.load(tmp_path / "a" / "base.pt", weights_only=True)["model"]
+    base_b = torch.load(tmp_path / "b" / "base.pt", weights_only=True)["model"]
+    assert all(torch.equal(base_a[k], base_b[k]) for k in base_a)  # one base: seed 0's
+    assert json.loads((tmp_path / "a" / "reference_scale.json").read_text())["model"] == json.loads((tmp_path / "b" / "reference_scale.json").read_text())["model"]
+    assert a["base_mean"] == b["base_mean"]                         # the same held-out split
+    assert a["loss"] != b["loss"]                                   # another CVAE
+
+
+def test_the_thread_count_is_part_of_the_run_and_applied(tmp_path):
+    before = torch.get_num_threads()
+    try:
+        cfg = RunConfig(**{**tiny_config(steps=2).__dict__, "threads": 1})
+        prepare_run(tmp_path / "r", cfg, "cpu")
+        assert torch.get_num_threads() == 1
+        assert json.loads((tmp_path / "r" / "config.json").read_text())["config"]["threads"] == 1
+    finally:
+        torch.set_num_threads(before)
