@@ -202,10 +202,11 @@ def _save(fig, out: Path, name: str):
     for ext in ("png", "svg"): fig.savefig(Path(out) / "figures" / f"{name}.{ext}", dpi=130, bbox_inches="tight")
 
 def read_results(out: Path) -> list[dict]:
-    "The rows of `out/results.csv`, numbers as floats."
+    "The rows of `out/results.csv`, numbers as floats and empty cells as None (a tau cell has no beta target, a beta cell no tau target)."
     rows = list(csv.DictReader(open(Path(out) / "results.csv")))
     for r in rows:
         for k, v in r.items():
+            if v == "": r[k] = None; continue
             try: r[k] = float(v)
             except (TypeError, ValueError): pass
     return rows
@@ -443,11 +444,11 @@ def repro_main(argv: list[str] | None = None) -> int:
                       group_size=group_size, compile=a.compile)
     write_results(out, records)
     write_base_gates(out)
-    write_figures(out)
-    wall = time.perf_counter() - t0
+    wall = time.perf_counter() - t0  # the sweep and its tables; the summary is written before the figures, so a failed figure loses nothing
     env = environment_record(0)
     atomic_write_json(out / "summary.json", {"preset": a.preset, "runs": len(records), "wall_seconds": wall, "jobs": a.jobs,
                                           "group_size": group_size, "compiled": a.compile, "environment": env})
+    write_figures(out)
     print((out / "table.md").read_text())
     print(f"{len(records)} runs in {wall:.0f} s on {env['cpu_count']} CPU cores{' + ' + env['cuda'] if env['cuda'] else ''}; "
           f"tables, figures and per-run logs in {out}/")

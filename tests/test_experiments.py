@@ -181,3 +181,15 @@ def test_paired_statistics_recover_a_known_effect_and_holm_corrects_across_tasks
     success = {(s["regime"], s["objective"]): s for s in success_counts(records)}
     assert success[("sorting", "theta")]["success"] == 1.0 and success[("sorting", "dist")]["success"] == 0.0
     assert success[("sorting", "dist")]["success_hi"] < 0.4  # 0 of 8: the Wilson interval's upper end
+
+
+def test_a_sweep_of_tau_and_beta_cells_reads_back_and_draws_every_figure(smoke_dir, tmp_path):
+    "results.csv of a sweep mixing tau and beta cells has empty target cells; they read back as None, and the paired figure and tables use them."
+    from basedirected.reports import figure_paired, read_results, write_results
+    records = [json.loads((d / "metrics.json").read_text()) for d in sorted((smoke_dir / "runs").iterdir())]
+    as_tau = [{**r, "key": r["key"] + "-tau", "tau_target": 0.5, "beta_target": None} for r in records]
+    write_results(tmp_path, records + as_tau)
+    rows = read_results(tmp_path)
+    assert {r["tau_target"] for r in rows} == {None, 0.5} and {r["beta_target"] for r in rows} == {None, 0.1}
+    assert figure_paired(tmp_path, "early") is not None
+    assert "tau 0.5" in (tmp_path / "stats.md").read_text() and "beta 0.1" in (tmp_path / "stats.md").read_text()

@@ -1,5 +1,6 @@
 """Training: resume equivalence, frozen reference, cached vs recomputed b, enumeration, alignment, the CVAE's KL and gradients,
 CLI validation and the CLI / preset / sweep agreement."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from basedirected.model import ModelConfig, collate, gather_response, response_n
 from basedirected.objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig, free_bits_kl, objective
 from basedirected.runs import RunConfig, TrainConfig, prepare_run, read_log
 from basedirected.tasks import Vocab, batch_indices, make_splits
-from basedirected.train import OPTIONS, build_parser, config_from_args, run, train_main, train_run
+from basedirected.train import BASE_RECIPES, OPTIONS, build_parser, config_from_args, run, train_main, train_run
 from basedirected.visiting_order import VisitingOrder
 
 SMALL_MODEL = ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64)
@@ -274,7 +275,8 @@ def test_help_documents_options_in_paper_terms():
 def test_cli_is_generated_from_the_run_configuration():
     choices = next(o for o in OPTIONS if o.flag == "--objective").choices
     assert tuple(choices) == OBJECTIVE_NAMES
-    assert config_from_args(build_parser().parse_args([])) == RunConfig()
+    recipe = BASE_RECIPES["visiting_order"]["steps"]  # the default task's base recipe is the one difference
+    assert config_from_args(build_parser().parse_args([])) == dataclasses.replace(RunConfig(), base=dataclasses.replace(RunConfig().base, steps=recipe))
     for o in OPTIONS:  # every option names a real field, and its default is the configuration's
         if o.path and o.default is ...:
             assert build_parser().get_default(o.dest) == eval("RunConfig()." + o.path), o.flag
