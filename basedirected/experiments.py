@@ -268,6 +268,11 @@ def _run_pack(out: Path, specs: list[RunSpec], device: str, force: bool, compile
 def execute(out: Path, preset: Preset, jobs: int = 1, device: str = "auto", force: bool = False, progress: bool = True,
             group_size: int = 1, compile: bool = False) -> list[dict]:
     "Run every cell of `preset` under `out`, packing up to `group_size` cells that share a `group_key` into one trained group; returns one metrics record per run."
+    threads = torch.get_num_threads()  # cells run in this process set the preset's thread count; the caller gets its own back
+    try: return _execute(out, preset, jobs, device, force, progress, group_size, compile)
+    finally: torch.set_num_threads(threads)
+
+def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, progress: bool, group_size: int, compile: bool) -> list[dict]:
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     specs = plan(preset)
     if force and (out / "bases").exists(): shutil.rmtree(out / "bases")

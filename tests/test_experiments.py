@@ -152,9 +152,9 @@ def test_cvae_seeds_of_a_preset_with_a_base_seed_share_one_base(tmp_path):
 
 
 def test_presets_train_each_tasks_own_recipe_and_cells_name_tau():
-    study = plan(PRESETS["study"])
-    assert {s.regime for s in study} == {"sorting", "grid_pathfinding", "addition"}
-    assert all(s.config.base.steps == {"sorting": 5000, "grid_pathfinding": 10000, "addition": 8000}[s.regime] for s in study)
+    study, paper = plan(PRESETS["study"]), plan(PRESETS["paper"])
+    assert {s.regime for s in study} == {"sorting", "grid_pathfinding"} and {s.regime for s in paper} == {"sorting", "grid_pathfinding", "addition"}
+    assert all(s.config.base.steps == {"sorting": 5000, "grid_pathfinding": 10000, "addition": 8000}[s.regime] for s in study + paper)
     tau_cells = [s for s in study if s.tau is not None]
     assert tau_cells and all(s.config.train.tau == s.tau and "--tau" in s.argv for s in tau_cells)
     assert {s.config.data_seed for s in study} == {0}
@@ -183,10 +183,20 @@ def test_paired_statistics_recover_a_known_effect_and_holm_corrects_across_tasks
     assert success[("sorting", "dist")]["success_hi"] < 0.4  # 0 of 8: the Wilson interval's upper end
 
 
+def test_a_sweep_gives_the_caller_its_thread_count_back(smoke_dir, tmp_path):
+    import torch
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        execute(tmp_path / "sweep", dataclasses.replace(PRESETS["smoke"], threads=1), progress=False)
+        assert torch.get_num_threads() == 2
+    finally: torch.set_num_threads(before)
+
+
 def test_a_sweep_of_tau_and_beta_cells_reads_back_and_draws_every_figure(smoke_dir, tmp_path):
     "results.csv of a sweep mixing tau and beta cells has empty target cells; they read back as None, and the paired figure and tables use them."
     from basedirected.reports import figure_paired, read_results, write_results
-    records = [json.loads((d / "metrics.json").read_text()) for d in sorted((smoke_dir / "runs").iterdir())]
+    records = [json.loads(f.read_text()) for f in sorted((smoke_dir / "runs").glob("*/metrics.json"))]
     as_tau = [{**r, "key": r["key"] + "-tau", "tau_target": 0.5, "beta_target": None} for r in records]
     write_results(tmp_path, records + as_tau)
     rows = read_results(tmp_path)
