@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .base import SurprisalCache
+from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, add_dataclass_options, collect, dataclass_from_args, submit_sweep
 from .experiments import PRESETS, execute
 from .reconstruction import TERM_NAMES
 from .runs import RunDir, atomic_write_bytes, atomic_write_json, environment_record, load_run, read_json, read_log, resolve_device
@@ -27,7 +28,7 @@ __all__ = ['TABLE_METRICS', 'GROUP_BY', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'PAIR
            'aggregate', 'markdown_table', 'stats_markdown', 'write_results', 'holm', 'paired_difference',
            'paired_statistics', 'success_counts', 'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse',
            'figure_alignment', 'figure_escape', 'figure_curves', 'figure_gain_per_position', 'figure_weights',
-           'figure_paired', 'write_figures', 'write_base_gates', 'repro_main']
+           'figure_paired', 'write_figures', 'write_base_gates', 'write_reports', 'repro_main']
 
 # %% ../nbs/12_reports.ipynb #ca5567ef
 _ALIGNMENTS = tuple(f"{pre}{a}_{t}{s}" for pre, t in (("", "posterior"), ("gen_", "controlled"), ("gen_", "controlled_all"))
@@ -417,39 +418,72 @@ def write_base_gates(out: Path) -> dict:
     return gates
 
 # %% ../nbs/12_reports.ipynb #cb3c6180
+def write_reports(out: Path, records: list[dict], summary: dict) -> None:
+    "Tables, base gates and `summary.json` of a sweep's finished `records`, then its figures (last: a figure that fails loses nothing)."
+    write_results(out, records)
+    write_base_gates(out)
+    atomic_write_json(out / "summary.json", {**summary, "runs": len(records), "environment": environment_record(0)})
+    write_figures(out)
+
+def _missing_message(out: Path, missing: list[str]) -> str:
+    "The cells not finished, each with the job and log that last ran it (`jobs.json`), if any."
+    jobs = read_json(out / "jobs.json") if (out / "jobs.json").is_file() else {}
+    lines = [f"  {k}" + (f" (job {jobs[k]['job_id']}, log {jobs[k]['stderr']})" if k in jobs else "") for k in missing]
+    return f"{len(missing)} cells missing:\n" + "\n".join(lines)
+
 def repro_main(argv: list[str] | None = None) -> int:
     "Console entry point `basedirected-repro`."
     p = argparse.ArgumentParser(prog="basedirected-repro", description="Reproduce the synthetic-sequence experiments: base pre-training, "
                                 "c_theta, every objective of the preset, metrics, tables and figures.")
     p.add_argument("--preset", choices=tuple(PRESETS), default="quick", help="; ".join(f"{n}: {p.about}" for n, p in PRESETS.items()))
     p.add_argument("--out", default=None, help="output directory (default runs/repro-<preset>)")
-    p.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 8), help="parallel worker processes, one run each (default: one per CPU core, at most 8)")
+    p.add_argument("--collect", action="store_true", help="train nothing: build the tables and figures of the sweep in --out from the cells "
+                   "that have finished (its preset is read from OUT/preset.json), and name the cells that are missing")
+    p.add_argument("--jobs", type=int, default=None, help="--executor pool: parallel worker processes, one run each (default: one per CPU core, at most 8)")
     p.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
     p.add_argument("--force", action="store_true", help="rerun finished runs instead of skipping them")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--group-size", default="auto", help="runs trained together in one process (stacked weights, one vmapped step): "
                    "'auto' is 64 on a GPU and 1 on a CPU, where a group is no faster than its runs one by one")
     p.add_argument("--compile", action="store_true", help="compile each group's step with torch.compile (GPU; the first step pays the compile time)")
+    add_dataclass_options(p, ClusterConfig, {"executor": EXECUTORS, "cluster": CLUSTERS}, "executor (where the cells run)")
     a = p.parse_args(argv)
-    if a.jobs < 1: p.error(f"--jobs must be >= 1, got {a.jobs}")
+    try: cluster = dataclass_from_args(ClusterConfig, a)
+    except ValueError as e: p.error(str(e))
+    if a.jobs is not None and (a.jobs < 1 or cluster.executor != "pool"):
+        p.error(f"--jobs must be >= 1, got {a.jobs}" if a.jobs < 1 else "--jobs is an option of --executor pool (submitit runs one job per pack)")
+    jobs = a.jobs or min(os.cpu_count() or 1, 8)
     try: device = resolve_device(a.device)
     except ValueError as e: p.error(str(e))
-    if a.group_size == "auto": group_size = 64 if device.type == "cuda" else 1
+    on_gpu = device.type == "cuda" if cluster.executor == "pool" else cluster.gpus_per_job > 0  # submitit: the jobs' device, not this machine's
+    if a.group_size == "auto": group_size = 64 if on_gpu else 1
     elif a.group_size.isdigit() and int(a.group_size) >= 1: group_size = int(a.group_size)
     else: p.error(f"--group-size must be 'auto' or an integer >= 1, got {a.group_size!r}")
+    if a.collect and a.out is None: p.error("--collect needs --out, the sweep's directory")
     out = Path(a.out or f"runs/repro-{a.preset}")
     if out.exists() and not out.is_dir(): p.error(f"--out {out} is a file, not a directory")
     t0 = time.perf_counter()
-    records = execute(out, PRESETS[a.preset], jobs=a.jobs, device=a.device, force=a.force, progress=not a.quiet,
-                      group_size=group_size, compile=a.compile)
-    write_results(out, records)
-    write_base_gates(out)
-    wall = time.perf_counter() - t0  # the sweep and its tables; the summary is written before the figures, so a failed figure loses nothing
+    if a.collect:
+        try: records, missing = collect(out)
+        except (FileNotFoundError, ValueError) as e: p.exit(2, f"basedirected-repro: error: {e}\n")
+        summary = {"preset": read_json(out / "preset.json")["preset"]["name"], "collected": True}
+    elif cluster.executor == "submitit":
+        try: report = submit_sweep(out, PRESETS[a.preset], cluster, device=a.device, force=a.force, group_size=group_size, compile=a.compile, progress=not a.quiet)
+        except ClusterError as e: p.exit(2, f"basedirected-repro: error: {e}\n")
+        if cluster.no_wait: return 0
+        records, missing = collect(out, PRESETS[a.preset])
+        summary = {"preset": a.preset, "executor": "submitit", "cluster": report["cluster"], "jobs_submitted": report["submitted"],
+                   "jobs_failed": len(report["failed"]), "group_size": group_size, "compiled": a.compile}
+    else:
+        records, missing = execute(out, PRESETS[a.preset], jobs=jobs, device=a.device, force=a.force, progress=not a.quiet,
+                                   group_size=group_size, compile=a.compile), []
+        summary = {"preset": a.preset, "executor": "pool", "jobs": jobs, "group_size": group_size, "compiled": a.compile}
+    wall = time.perf_counter() - t0
+    if records: write_reports(out, records, {**summary, "wall_seconds": wall, "missing": missing})
+    else: print(f"no cell of the sweep in {out} has finished yet")
+    if records: print((out / "table.md").read_text())
     env = environment_record(0)
-    atomic_write_json(out / "summary.json", {"preset": a.preset, "runs": len(records), "wall_seconds": wall, "jobs": a.jobs,
-                                          "group_size": group_size, "compiled": a.compile, "environment": env})
-    write_figures(out)
-    print((out / "table.md").read_text())
     print(f"{len(records)} runs in {wall:.0f} s on {env['cpu_count']} CPU cores{' + ' + env['cuda'] if env['cuda'] else ''}; "
           f"tables, figures and per-run logs in {out}/")
-    return 0
+    if missing: print(_missing_message(out, missing))
+    return 1 if missing else 0

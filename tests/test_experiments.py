@@ -16,13 +16,6 @@ from basedirected.runs import RunDir, load_run, read_log
 from basedirected.train import build_parser, config_from_args, train_main
 
 
-@pytest.fixture(scope="module")
-def smoke_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke")
-    repro_main(["--preset", "smoke", "--out", str(out), "--quiet", "--jobs", "1"])  # one process: bit-identical to a CLI run
-    return out
-
-
 def test_main_job_writes_tables_figures_and_per_run_files(smoke_dir):
     assert {"results.csv", "table.md", "table.csv", "summary.json", "preset.json"} <= set(os.listdir(smoke_dir))
     figures = set(os.listdir(smoke_dir / "figures"))
