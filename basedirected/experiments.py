@@ -10,8 +10,10 @@ import json
 import os
 import shlex
 import shutil
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,15 +22,15 @@ import torch
 from .base import FrozenReference, gate_failures
 from .model import ModelConfig
 from .objective import OBJECTIVE_NAMES, objectives
-from .runs import (RunConfig, RunDir, atomic_write_bytes, atomic_write_json, environment_record, load_checkpoint, prepare_base, prepare_gate,
-                               prepare_reference_scale, prepare_run, read_json, resolve_device, run_vocab)
+from .runs import (RunConfig, RunDir, atomic_write_bytes, atomic_write_json, environment_record, file_lock, load_checkpoint, prepare_base,
+                               prepare_gate, prepare_reference_scale, prepare_run, read_json, remove_temporaries, resolve_device, run_vocab)
 from .tasks import make_splits
 from .train import TASKS, BaseGateError, build_parser, config_from_args, run_metrics, train_run
 from .groups import pack_groups, train_group
 
 # %% auto #0
-__all__ = ['PRESETS', 'Preset', 'RunSpec', 'cell_argv', 'plan', 'plan_cost', 'base_dir', 'prepare_shared_base', 'check_base_gate',
-           'run_cell', 'run_group_cells', 'execute']
+__all__ = ['PRESETS', 'Preset', 'RunSpec', 'cell_argv', 'plan', 'plan_cost', 'base_dir', 'lock_path', 'prepare_shared_base',
+           'check_base_gate', 'clear_cells', 'cell_locks', 'run_cell', 'run_group_cells', 'die_with_parent', 'execute']
 
 # %% ../nbs/11_experiments.ipynb #7ef9c87a
 @dataclass(frozen=True)
@@ -179,16 +181,20 @@ def plan_cost(preset: Preset, mean_tokens: int = 24,
 # %% ../nbs/11_experiments.ipynb #bec1e2e9
 def base_dir(out: Path, regime: str, seed: int) -> Path: return Path(out) / "bases" / f"{regime}-s{seed}"
 
+def lock_path(out: Path, name: str) -> Path: return Path(out) / "locks" / f"{name}.lock"
+
 def prepare_shared_base(out: Path, spec: RunSpec, device: str = "auto") -> dict:
-    "Train (or reuse) the base model, $\\widehat c_\\theta$ and gate shared by every run of `(spec.regime, data seed)`; returns the gate."
+    "Train (or reuse) the base model, $\\widehat c_\\theta$ and gate shared by every run of `(spec.regime, data seed)`; returns the gate. Under the base's lock: one process trains it, any other waits and reuses it."
     cfg, dev = spec.config, resolve_device(device)
     if cfg.threads: torch.set_num_threads(cfg.threads)
-    d = base_dir(out, spec.regime, cfg.data_seed); d.mkdir(parents=True, exist_ok=True)
-    vocab = run_vocab(cfg)
-    train, held_out = make_splits(cfg.task, cfg.n_train, cfg.n_eval, seed=cfg.data_seed)
-    base = prepare_base(d, vocab, train, cfg, dev, held_out=held_out)
-    prepare_reference_scale(d, base, vocab, train, FrozenReference(base), cfg, dev)
-    return prepare_gate(d, base, vocab, cfg, held_out, dev)
+    d = base_dir(out, spec.regime, cfg.data_seed)
+    with file_lock(lock_path(out, "base-" + d.name), f"waiting for another process preparing the base {d.name}"):
+        d.mkdir(parents=True, exist_ok=True); remove_temporaries(d)
+        vocab = run_vocab(cfg)
+        train, held_out = make_splits(cfg.task, cfg.n_train, cfg.n_eval, seed=cfg.data_seed)
+        base = prepare_base(d, vocab, train, cfg, dev, held_out=held_out)
+        prepare_reference_scale(d, base, vocab, train, FrozenReference(base), cfg, dev)
+        return prepare_gate(d, base, vocab, cfg, held_out, dev)
 
 def check_base_gate(preset: Preset, spec: RunSpec, gate: dict) -> None:
     "Refuse (`BaseGateError`) a shared base that fails the quality gate, unless `preset` names the exception."
@@ -197,6 +203,12 @@ def check_base_gate(preset: Preset, spec: RunSpec, gate: dict) -> None:
                         f"preset {preset.name} names no exception for it: give the task a base recipe that passes, or add it to gate_exceptions with the reason")
 
 # %% ../nbs/11_experiments.ipynb #e43f43a6
+def clear_cells(out: Path, specs: list[RunSpec]) -> None:
+    "`--force`: delete the files this package wrote for `specs` (their run directories and shared bases), and nothing else."
+    for s in specs:
+        for d in (Path(out) / "runs" / s.key, base_dir(out, s.regime, s.config.data_seed)):
+            for f in RunDir(d).files(): f.unlink(missing_ok=True)
+
 def _stale(rd: RunDir, spec: RunSpec) -> bool:
     "The run directory holds a run made under another configuration."
     return rd.config.exists() and read_json(rd.config).get("config") != json.loads(json.dumps(spec.config.to_dict()))
@@ -209,7 +221,7 @@ def _open_cell(out: Path, spec: RunSpec, force: bool) -> RunDir | dict:
     if force or stale:
         for f in rd.files(): f.unlink(missing_ok=True)
     if rd.metrics.exists(): return read_json(rd.metrics)
-    rd.path.mkdir(parents=True, exist_ok=True)
+    rd.path.mkdir(parents=True, exist_ok=True); remove_temporaries(rd.path)  # the cell's lock is held: any temporary is a killed writer's
     for name in ("base.pt", "reference_scale.json", "base_gate.json"):
         if not (rd.path / name).exists(): shutil.copy(base_dir(out, spec.regime, spec.config.data_seed) / name, rd.path / name)
     atomic_write_bytes(rd.command, (spec.command(str(rd.path)) + "\n").encode())
@@ -229,17 +241,27 @@ def _cell_record(spec: RunSpec, run, final: dict, seconds: float) -> dict:
     atomic_write_json(run.dir.metrics, record)
     return record
 
+def cell_locks(out: Path, specs: list[RunSpec]) -> ExitStack:
+    "The locks of `specs`' run directories, held until the returned stack closes: one process trains a cell, a second waits for it."
+    stack = ExitStack()
+    for s in specs: stack.enter_context(file_lock(lock_path(out, s.key), f"waiting for another process training {s.key}"))
+    return stack
+
 def run_cell(out: Path, spec: RunSpec, device: str = "auto", force: bool = False) -> dict:
-    "Train and evaluate one cell; returns its metrics (read back from disk when the run already finished under the same configuration)."
-    rd = _open_cell(out, spec, force)
-    if isinstance(rd, dict): return rd
-    t0 = time.perf_counter()
-    run = _with_options(prepare_run(rd.path, spec.config, device=device), spec)
-    final = train_run(run)
-    return _cell_record(spec, run, final, time.perf_counter() - t0)
+    "Train and evaluate one cell under its lock; returns its metrics (read back from disk when the run already finished under the same configuration)."
+    with cell_locks(out, [spec]):
+        rd = _open_cell(out, spec, force)
+        if isinstance(rd, dict): return rd
+        t0 = time.perf_counter()
+        run = _with_options(prepare_run(rd.path, spec.config, device=device), spec)
+        final = train_run(run)
+        return _cell_record(spec, run, final, time.perf_counter() - t0)
 
 def run_group_cells(out: Path, specs: list[RunSpec], device: str = "auto", force: bool = False, compile: bool = False) -> list[dict]:
     "Train the unfinished cells of `specs` (one `group_key`) as groups, one per checkpoint step they resume from, then evaluate each; returns every cell's metrics in order."
+    with cell_locks(out, specs): return _run_group_cells(out, specs, device, force, compile)
+
+def _run_group_cells(out: Path, specs: list[RunSpec], device: str, force: bool, compile: bool) -> list[dict]:
     opened = [_open_cell(out, s, force) for s in specs]
     records = {i: rd for i, rd in enumerate(opened) if isinstance(rd, dict)}
     t0 = time.perf_counter()
@@ -264,6 +286,14 @@ def _run_pack(out: Path, specs: list[RunSpec], device: str, force: bool, compile
     if len(specs) == 1: return [run_cell(out, specs[0], device, force)]
     return run_group_cells(out, specs, device, force, compile)
 
+# %% ../nbs/11_experiments.ipynb #6cad0857
+def die_with_parent(parent: int) -> None:
+    "A sweep worker's initializer: the worker ends within a second of the sweep process `parent`, however that died (kill -9 included), so none trains on unattended."
+    def watch():
+        while os.getppid() == parent: time.sleep(1.0)
+        os._exit(1)  # its runs keep their last checkpoints; a rerun resumes them
+    threading.Thread(target=watch, daemon=True, name="die-with-parent").start()
+
 # %% ../nbs/11_experiments.ipynb #743db029
 def execute(out: Path, preset: Preset, jobs: int = 1, device: str = "auto", force: bool = False, progress: bool = True,
             group_size: int = 1, compile: bool = False) -> list[dict]:
@@ -275,7 +305,7 @@ def execute(out: Path, preset: Preset, jobs: int = 1, device: str = "auto", forc
 def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, progress: bool, group_size: int, compile: bool) -> list[dict]:
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     specs = plan(preset)
-    if force and (out / "bases").exists(): shutil.rmtree(out / "bases")
+    if force: clear_cells(out, specs)
     atomic_write_json(out / "preset.json", {"preset": asdict(preset), "environment": environment_record(preset.seeds[0])})
     from tqdm.auto import tqdm
     shared = {(s.regime, s.config.data_seed): s for s in specs}
@@ -291,7 +321,7 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
             records.update(zip(pack, _run_pack(out, [specs[i] for i in pack], dev, force, compile))); bar.update(len(pack))
     else:
         ctx = torch.multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
             # the longest base trains first, and each run is queued once its own base is ready: no worker waits for another task's base
             order = sorted(shared.items(), key=lambda item: -item[1].config.base.steps)
             bases = {key: pool.submit(prepare_shared_base, out, s, devices[i % len(devices)]) for i, (key, s) in enumerate(order)}

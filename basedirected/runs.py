@@ -6,11 +6,14 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import math
 import os
 import platform
+import re
 import subprocess
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -31,9 +34,9 @@ from .visiting_order import VisitingOrder
 
 # %% auto #0
 __all__ = ['LR_SCHEDULES', 'TrainConfig', 'RunConfig', 'RunDir', 'atomic_write_bytes', 'atomic_write_json', 'atomic_torch_save',
-           'load_checkpoint', 'read_json', 'read_log', 'truncate_log', 'environment_record', 'resolve_device',
-           'run_vocab', 'load_base', 'prepare_base', 'prepare_reference_scale', 'prepare_gate', 'Run', 'check_run_dir',
-           'prepare_run', 'load_run']
+           'load_checkpoint', 'read_json', 'file_lock', 'remove_temporaries', 'read_log', 'truncate_log',
+           'environment_record', 'resolve_device', 'run_vocab', 'load_base', 'prepare_base', 'prepare_reference_scale',
+           'prepare_gate', 'Run', 'check_run_dir', 'prepare_run', 'load_run']
 
 # %% ../nbs/09_runs.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
@@ -190,6 +193,28 @@ def read_json(path: Path) -> dict:
     try: return json.loads(Path(path).read_text())
     except FileNotFoundError: raise
     except (json.JSONDecodeError, UnicodeDecodeError): raise ValueError(f"{path} is not valid JSON; delete it or rerun with --force") from None
+
+# %% ../nbs/09_runs.ipynb #a6afc69f
+@contextmanager
+def file_lock(path: Path,                # the lock file (created, with its folder, if absent)
+              waiting: str | None = None,  # printed if another process holds the lock, before waiting for it
+             ):
+    "Hold an exclusive lock on `path` for the block; it dies with its process."
+    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting: print(waiting, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try: yield
+        finally: fcntl.flock(f, fcntl.LOCK_UN)
+
+def remove_temporaries(directory: Path) -> list[Path]:
+    "Delete the temporary files of interrupted atomic writes in `directory` (call it holding the directory's lock); returns them."
+    d = Path(directory)
+    found = [p for p in d.iterdir() if re.fullmatch(r"\..+\.tmp\d+", p.name) and p.is_file()] if d.is_dir() else []
+    for p in found: p.unlink(missing_ok=True)
+    return found
 
 # %% ../nbs/09_runs.ipynb #fb1e76f4
 def read_log(path: Path) -> list[dict]:

@@ -256,3 +256,67 @@ def test_the_cli_refuses_a_base_that_fails_the_quality_gate_unless_asked(tmp_pat
     assert code == 2 and "fails the quality gate" in line and "--allow-failed-base" in line
     gate = json.loads((tmp_path / "base_gate.json").read_text())
     assert gate["passes"] is False and not (tmp_path / "checkpoint.pt").exists()  # no CVAE was trained
+
+
+def _processes_in_group(pgid):
+    "Pids of live (not zombie) processes in process group `pgid`."
+    pids = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit(): continue
+        try: fields = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+        except OSError: continue
+        if int(fields[2]) == pgid and fields[0] != "Z": pids.append(int(p))
+    return pids
+
+
+def test_a_sweep_killed_with_kill_9_leaves_no_process_of_its_own_alive(tmp_path):
+    "Its pool workers watch their parent (die_with_parent); the resource tracker exits when its last client does."
+    out = tmp_path / "sweep"
+    sweep = subprocess.Popen([sys.executable, "-c", "from basedirected.reports import repro_main; repro_main()", "--preset", "smoke",
+                              "--out", str(out), "--jobs", "2", "--quiet"], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t0 = time.time()
+    while time.time() - t0 < 120 and not list((out / "runs").glob("*/config.json")): time.sleep(0.2)  # workers are training cells
+    assert list((out / "runs").glob("*/config.json")), "no cell started"
+    assert len(_processes_in_group(sweep.pid)) >= 3  # the sweep, its workers and the resource tracker
+    os.kill(sweep.pid, signal.SIGKILL); sweep.wait()
+    t0 = time.time()
+    while time.time() - t0 < 10 and _processes_in_group(sweep.pid): time.sleep(0.2)
+    left = _processes_in_group(sweep.pid)
+    if left: os.killpg(sweep.pid, signal.SIGKILL)  # leave no orphans behind a failure
+    assert left == [], "processes of the killed sweep are still running"
+
+
+def test_a_sweep_cell_waits_for_a_live_process_holding_it_and_cleans_its_debris(tmp_path):
+    import dataclasses
+    import threading
+    from basedirected.experiments import PRESETS, execute, lock_path, plan, run_cell
+    from basedirected.runs import file_lock
+    preset = dataclasses.replace(PRESETS["smoke"], objectives=("celbo",), posteriors=("exact",))
+    spec = plan(preset)[0]
+    execute(tmp_path, preset, progress=False)
+    rd = RunDir(tmp_path / "runs" / spec.key)
+    rd.metrics.unlink()  # unfinished again
+    debris = rd.path / ".checkpoint.pt.tmp99999"; debris.write_bytes(b"half a checkpoint")
+    done = threading.Event()
+    with file_lock(lock_path(tmp_path, spec.key)):  # another process training the cell
+        worker = threading.Thread(target=lambda: (run_cell(tmp_path, spec), done.set())); worker.start()
+        time.sleep(2.0)
+        assert not done.is_set() and debris.exists()  # it waits, and touches nothing
+    worker.join(timeout=120)
+    assert done.is_set() and rd.metrics.exists() and not debris.exists()
+
+
+def test_repro_force_removes_only_what_the_package_wrote(tmp_path):
+    import dataclasses
+    from basedirected.experiments import PRESETS, base_dir, execute, plan
+    preset = dataclasses.replace(PRESETS["smoke"], objectives=("celbo",), posteriors=("exact",))
+    execute(tmp_path, preset, progress=False)
+    spec = plan(preset)[0]
+    mine = [base_dir(tmp_path, spec.regime, spec.config.data_seed) / "notes.txt", tmp_path / "bases" / "my-own-base" / "base.pt",
+            tmp_path / "runs" / spec.key / "notes.txt"]
+    for f in mine: f.parent.mkdir(parents=True, exist_ok=True); f.write_text("a user's file")
+    before = os.path.getmtime(tmp_path / "runs" / spec.key / "metrics.json")
+    time.sleep(0.01)
+    execute(tmp_path, preset, progress=False, force=True)
+    assert os.path.getmtime(tmp_path / "runs" / spec.key / "metrics.json") > before  # rerun
+    assert all(f.read_text() == "a user's file" for f in mine)

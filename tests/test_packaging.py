@@ -51,6 +51,17 @@ def test_exported_modules_do_not_import_nbdev():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_the_package_imports_without_its_optional_extras():
+    "submitit (the [cluster] extra) is imported only when a job is submitted; without it every module imports and the sweep runs in a pool."
+    code = "import sys; sys.modules['submitit'] = None\n" \
+           "import basedirected, pkgutil, importlib\n" \
+           "[importlib.import_module('basedirected.' + m.name) for m in pkgutil.iter_modules(basedirected.__path__) if m.name != 'hf']\n" \
+           "from basedirected.cluster import ClusterConfig, ClusterError, resolve_cluster\n" \
+           "try: resolve_cluster(ClusterConfig(executor='submitit')); raise SystemExit('no error')\n" \
+           "except ClusterError as e: assert 'pip install -e \".[cluster]\"' in str(e), e"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_modules_are_in_sync_with_notebooks(tmp_path):
     nbdev_export = shutil.which("nbdev_export") or str(Path(sys.executable).parent / "nbdev_export")
     if not Path(nbdev_export).exists():
