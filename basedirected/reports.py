@@ -19,6 +19,7 @@ import torch
 from .base import SurprisalCache
 from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, add_dataclass_options, collect, dataclass_from_args, submit_sweep
 from .experiments import PRESETS, execute
+from .train import NonFiniteError
 from .reconstruction import TERM_NAMES
 from .runs import RunDir, atomic_write_bytes, atomic_write_json, environment_record, load_run, read_json, read_log, resolve_device
 from .weights import reference_weights
@@ -431,6 +432,21 @@ def _missing_message(out: Path, missing: list[str]) -> str:
     lines = [f"  {k}" + (f" (job {jobs[k]['job_id']}, log {jobs[k]['stderr']})" if k in jobs else "") for k in missing]
     return f"{len(missing)} cells missing:\n" + "\n".join(lines)
 
+def _run_sweep(a, out: Path, cluster: ClusterConfig, jobs: int, group_size: int) -> tuple[list[dict], list[str], dict | None]:
+    "The finished records, the missing cells and the summary of what `repro_main` was asked to do (`--collect`, submitit or the pool)."
+    if a.collect:
+        records, missing = collect(out)
+        return records, missing, {"preset": read_json(out / "preset.json")["preset"]["name"], "collected": True}
+    preset = PRESETS[a.preset]
+    if cluster.executor == "submitit":
+        report = submit_sweep(out, preset, cluster, device=a.device, force=a.force, group_size=group_size, compile=a.compile, progress=not a.quiet)
+        if cluster.no_wait: return [], report["missing"], None
+        records, missing = collect(out, preset)
+        return records, missing, {"preset": a.preset, "executor": "submitit", "cluster": report["cluster"], "jobs_submitted": report["submitted"],
+                                  "jobs_failed": len(report["failed"]), "group_size": group_size, "compiled": a.compile}
+    records = execute(out, preset, jobs=jobs, device=a.device, force=a.force, progress=not a.quiet, group_size=group_size, compile=a.compile)
+    return records, [], {"preset": a.preset, "executor": "pool", "jobs": jobs, "group_size": group_size, "compiled": a.compile}
+
 def repro_main(argv: list[str] | None = None) -> int:
     "Console entry point `basedirected-repro`."
     p = argparse.ArgumentParser(prog="basedirected-repro", description="Reproduce the synthetic-sequence experiments: base pre-training, "
@@ -462,22 +478,16 @@ def repro_main(argv: list[str] | None = None) -> int:
     if a.collect and a.out is None: p.error("--collect needs --out, the sweep's directory")
     out = Path(a.out or f"runs/repro-{a.preset}")
     if out.exists() and not out.is_dir(): p.error(f"--out {out} is a file, not a directory")
+    if not a.collect:  # a directory the sweep can write, or one line saying why not, before any work
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            probe = out / f".write-test{os.getpid()}"; probe.write_bytes(b""); probe.unlink()
+        except OSError as e: p.error(f"--out {out}: {e.strerror or e}")
     t0 = time.perf_counter()
-    if a.collect:
-        try: records, missing = collect(out)
-        except (FileNotFoundError, ValueError) as e: p.exit(2, f"basedirected-repro: error: {e}\n")
-        summary = {"preset": read_json(out / "preset.json")["preset"]["name"], "collected": True}
-    elif cluster.executor == "submitit":
-        try: report = submit_sweep(out, PRESETS[a.preset], cluster, device=a.device, force=a.force, group_size=group_size, compile=a.compile, progress=not a.quiet)
-        except ClusterError as e: p.exit(2, f"basedirected-repro: error: {e}\n")
-        if cluster.no_wait: return 0
-        records, missing = collect(out, PRESETS[a.preset])
-        summary = {"preset": a.preset, "executor": "submitit", "cluster": report["cluster"], "jobs_submitted": report["submitted"],
-                   "jobs_failed": len(report["failed"]), "group_size": group_size, "compiled": a.compile}
-    else:
-        records, missing = execute(out, PRESETS[a.preset], jobs=jobs, device=a.device, force=a.force, progress=not a.quiet,
-                                   group_size=group_size, compile=a.compile), []
-        summary = {"preset": a.preset, "executor": "pool", "jobs": jobs, "group_size": group_size, "compiled": a.compile}
+    try: records, missing, summary = _run_sweep(a, out, cluster, jobs, group_size)
+    except (ValueError, OSError, NonFiniteError, ClusterError) as e:  # a damaged file, a base the gate refuses, a full disk: named in one line
+        p.exit(2, f"basedirected-repro: error: {e}\n")
+    if summary is None: return 0  # submitted without waiting
     wall = time.perf_counter() - t0
     if records: write_reports(out, records, {**summary, "wall_seconds": wall, "missing": missing})
     else: print(f"no cell of the sweep in {out} has finished yet")

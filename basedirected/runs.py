@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import json
 import math
@@ -26,7 +27,7 @@ from .base import (GATE, GATE_SAMPLES_PER_INPUT, BaseTrainConfig, FrozenReferenc
 from .conventions import check_nonnegative, check_positive, check_unit_interval
 from .cvae import CVAEConfig, build_cvae
 from .metrics import MetricsConfig, break_even_beta
-from .model import EncodedExamples, ModelConfig, TinyCausalLM
+from .model import EncodedExamples, ModelConfig, TinyCausalLM, layout_tokens
 from .objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig
 from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, Task, Vocab, make_splits, task_from_dict
@@ -34,9 +35,10 @@ from .visiting_order import VisitingOrder
 
 # %% auto #0
 __all__ = ['LR_SCHEDULES', 'TrainConfig', 'RunConfig', 'RunDir', 'atomic_write_bytes', 'atomic_write_json', 'atomic_torch_save',
-           'load_checkpoint', 'read_json', 'file_lock', 'remove_temporaries', 'read_log', 'truncate_log',
-           'environment_record', 'resolve_device', 'run_vocab', 'load_base', 'prepare_base', 'prepare_reference_scale',
-           'prepare_gate', 'Run', 'check_run_dir', 'prepare_run', 'load_run']
+           'load_checkpoint', 'read_json', 'file_lock', 'exclusive_run_dir', 'remove_temporaries', 'read_log',
+           'truncate_log', 'environment_record', 'resolve_device', 'run_vocab', 'load_base', 'prepare_base',
+           'prepare_reference_scale', 'prepare_gate', 'Run', 'check_run_dir', 'RunInputError', 'check_sequence_lengths',
+           'prepare_run', 'load_run']
 
 # %% ../nbs/09_runs.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
@@ -139,6 +141,8 @@ class RunConfig:
                       "metrics": MetricsConfig(**d.get("metrics", {}))})  # records written before generation sizes were configured
 
 # %% ../nbs/09_runs.ipynb #7d7e3f85
+def _is_run_record(d: dict) -> bool: return isinstance(d.get("config"), dict) and isinstance(d.get("environment"), dict)
+
 @dataclass(frozen=True)
 class RunDir:
     "The files of one run directory."
@@ -156,7 +160,10 @@ class RunDir:
     def files(self) -> list[Path]:
         "Every file this package writes into a run directory."
         return [self.config, self.base, self.scale, self.gate, self.log, self.checkpoint, self.eval, self.metrics, self.command]
-    def is_run(self) -> bool: return self.config.is_file()
+    def is_run(self) -> bool:
+        "The directory holds a run this package wrote: a `config.json` with a configuration and an environment record (a file of that name alone is not a run)."
+        try: return _is_run_record(read_json(self.config))
+        except (OSError, ValueError): return False  # absent, unreadable, or a path below a file
 
 # %% ../nbs/09_runs.ipynb #1a35e01d
 def _tmp_name(path: Path) -> Path: return path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -177,7 +184,10 @@ def atomic_torch_save(path: Path, obj):
     "`torch.save` through a temporary file and an atomic rename."
     path = Path(path); tmp = _tmp_name(path)
     try:
-        torch.save(obj, tmp); os.replace(tmp, path)
+        try: torch.save(obj, tmp)
+        except RuntimeError as e:  # torch's writer reports a full disk or a failed write as RuntimeError
+            raise OSError(errno.EIO, f"could not write it ({str(e).strip().splitlines()[-1]})", str(path)) from e
+        os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -189,10 +199,13 @@ def load_checkpoint(path: Path) -> dict:
     except Exception as e: raise ValueError(f"{path} is not a readable checkpoint ({type(e).__name__}); delete it or rerun with --force") from None
 
 def read_json(path: Path) -> dict:
-    "A JSON file of the run; `ValueError` names a file that cannot be read."
-    try: return json.loads(Path(path).read_text())
+    "A JSON object of the run (every file the package writes holds one); `ValueError` names a file that cannot be read or holds something else."
+    try: d = json.loads(Path(path).read_text())
     except FileNotFoundError: raise
+    except IsADirectoryError: raise ValueError(f"{path} is a directory, not a file; remove it or rerun with --force") from None
     except (json.JSONDecodeError, UnicodeDecodeError): raise ValueError(f"{path} is not valid JSON; delete it or rerun with --force") from None
+    if not isinstance(d, dict): raise ValueError(f"{path} holds a JSON {type(d).__name__}, not the object this package writes; delete it or rerun with --force")
+    return d
 
 # %% ../nbs/09_runs.ipynb #a6afc69f
 @contextmanager
@@ -209,10 +222,23 @@ def file_lock(path: Path,                # the lock file (created, with its fold
         try: yield
         finally: fcntl.flock(f, fcntl.LOCK_UN)
 
+@contextmanager
+def exclusive_run_dir(path: Path):
+    "Hold the run directory `path` (a lock on the directory itself) and clear a killed writer's temporary files; `ValueError` if another process holds it. A directory not yet made needs no lock."
+    if not Path(path).is_dir(): yield; return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError: raise ValueError(f"{path}: another process is running in this run directory; wait for it to end or stop it") from None
+        remove_temporaries(path)
+        yield
+    finally: os.close(fd)
+
 def remove_temporaries(directory: Path) -> list[Path]:
-    "Delete the temporary files of interrupted atomic writes in `directory` (call it holding the directory's lock); returns them."
-    d = Path(directory)
-    found = [p for p in d.iterdir() if re.fullmatch(r"\..+\.tmp\d+", p.name) and p.is_file()] if d.is_dir() else []
+    "Delete the temporary files that interrupted atomic writes of the package's own files left in `directory` (call it holding the directory's lock); returns them."
+    d, names = Path(directory), {f.name for f in RunDir(directory).files()}
+    debris = lambda p: (m := re.fullmatch(r"\.(.+)\.tmp\d+", p.name)) is not None and m.group(1) in names and p.is_file()
+    found = [p for p in d.iterdir() if debris(p)] if d.is_dir() else []
     for p in found: p.unlink(missing_ok=True)
     return found
 
@@ -220,14 +246,17 @@ def remove_temporaries(directory: Path) -> list[Path]:
 def read_log(path: Path) -> list[dict]:
     "The records of a `log.jsonl`; an incomplete last line (a kill mid-write) is dropped, a corrupt line elsewhere is an error."
     path = Path(path)
-    lines = path.read_text().splitlines() if path.exists() else []
+    lines = path.read_bytes().splitlines() if path.exists() else []
     out = []
     for i, line in enumerate(lines):
         if not line.strip(): continue
-        try: out.append(json.loads(line))
-        except json.JSONDecodeError:
+        try: record = json.loads(line.decode())
+        except (json.JSONDecodeError, UnicodeDecodeError):
             if i == len(lines) - 1: break
             raise ValueError(f"{path} line {i + 1} is not valid JSON; the log is damaged (delete the run or rerun with --force)") from None
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise ValueError(f"{path} line {i + 1} is not a log record (a JSON object with an integer step); the log is damaged (delete the run or rerun with --force)")
+        out.append(record)
     return out
 
 def truncate_log(path: Path, step: int):
@@ -277,6 +306,8 @@ def load_base(run_dir: Path, vocab: Vocab, config: RunConfig | None = None) -> T
     path = RunDir(run_dir).base
     if not path.exists(): return None
     ck = load_checkpoint(path)
+    if not isinstance(ck.get("model"), dict) or not isinstance(ck.get("base_config"), dict):
+        raise ValueError(f"{path} holds no base model; delete it to train the base again, or rerun with --force")
     if config is not None and not _same({k: ck.get(k) for k in ("base_config", "seed", "task", "n_train")}, _base_key(config)): return None
     model = TinyCausalLM(len(vocab), ModelConfig(**ck["base_config"]["model"]))
     model.load_state_dict(ck["model"])
@@ -354,6 +385,25 @@ class Run:
     @cached_property
     def gate(self) -> dict: return prepare_gate(self.dir.path, self.base, self.vocab, self.config, self.held_out, self.device)
 
+# %% ../nbs/09_runs.ipynb #41858f09
+def _check_scale_file(path: Path) -> None:
+    "`reference_scale.json` holds both estimates of c_theta, each a positive finite number (`ValueError` names the file otherwise)."
+    d = read_json(path)
+    if not {"model", "data", "c_samples"} <= set(d): raise ValueError(f"{path} lacks the c_theta estimates; delete it to estimate them again")
+    for source in ("model", "data"):
+        v = d[source].get("value") if isinstance(d[source], dict) else None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"{path}: the {source} estimate of c_theta is {v!r}, not a positive number; delete the file to estimate it again")
+
+def _checked_checkpoint(path: Path) -> dict:
+    "A CVAE checkpoint with its step, weights, optimizer state and configuration, every weight finite (`ValueError` names the file otherwise)."
+    ck = load_checkpoint(path)
+    missing = [k for k in ("step", "model", "optimizer", "config") if k not in ck]
+    if missing: raise ValueError(f"{path} lacks {', '.join(missing)}; delete it to start the run again, or rerun with --force")
+    bad = [name for name, t in ck["model"].items() if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad: raise ValueError(f"{path} holds non-finite weights ({bad[0]}{' and others' if len(bad) > 1 else ''}); delete it to start the run again, or rerun with --force")
+    return ck
+
 # %% ../nbs/09_runs.ipynb #a50580b6
 def _check_writable(path: Path):
     for p in (path, *path.parents):
@@ -366,13 +416,18 @@ def check_run_dir(run_dir: Path, config: RunConfig, resume_without_log: bool = F
     "Refuse (`ValueError` naming the file) a run directory that cannot hold, or resume, a run of `config`."
     rd = RunDir(run_dir)
     _check_writable(rd.path)
-    if rd.config.exists() and not _same(read_json(rd.config).get("config"), config.to_dict()):
-        raise ValueError(f"{rd.path} holds a run with a different configuration; choose another --run-dir or pass --force")
-    if rd.scale.exists() and not {"model", "data", "c_samples"} <= set(read_json(rd.scale)):
-        raise ValueError(f"{rd.scale} lacks the c_theta estimates; delete it to estimate them again")
-    if rd.base.exists(): load_checkpoint(rd.base)
+    if rd.config.exists():
+        record = read_json(rd.config)
+        if not _is_run_record(record): raise ValueError(f"{rd.config} is not a run record of this package (no configuration and environment); choose another --run-dir")
+        if not _same(record["config"], config.to_dict()):
+            raise ValueError(f"{rd.path} holds a run with a different configuration; choose another --run-dir or pass --force")
+    if rd.scale.exists(): _check_scale_file(rd.scale)
+    if rd.gate.exists() and not isinstance(read_json(rd.gate).get("passes"), bool):
+        raise ValueError(f"{rd.gate} holds no gate verdict ('passes'); delete it to measure the gate again")
+    if rd.base.exists() and not isinstance(load_checkpoint(rd.base).get("model"), dict):
+        raise ValueError(f"{rd.base} holds no model; delete it to train the base again")
     if not rd.checkpoint.exists(): return
-    ck = load_checkpoint(rd.checkpoint)
+    ck = _checked_checkpoint(rd.checkpoint)
     if not _same(ck.get("config"), config.to_dict()): raise ValueError(f"{rd.checkpoint} was written by a run with another configuration")
     if not rd.log.exists():
         if resume_without_log: return
@@ -380,17 +435,29 @@ def check_run_dir(run_dir: Path, config: RunConfig, resume_without_log: bool = F
     logged = max((r["step"] for r in read_log(rd.log) if r.get("split") == "train"), default=0)
     if logged < ck["step"]: raise ValueError(f"{rd.log} ends at step {logged}, before {rd.checkpoint} (step {ck['step']}): the log is incomplete")
 
+# %% ../nbs/09_runs.ipynb #5bd4d070
+class RunInputError(ValueError):
+    "An input that cannot make a run, found by `prepare_run` before it writes anything (the CLI says it in one line)."
+
+def check_sequence_lengths(config: RunConfig, examples: list[Example]) -> None:
+    "Refuse (`RunInputError`) a model whose `max_len` cannot hold the task's longest sequence in the generator's layout (with its latent code)."
+    longest = max((len(layout_tokens(e, "c")) for e in examples), default=0)
+    if longest > config.base.model.max_len:
+        raise RunInputError(f"--max-len {config.base.model.max_len} is shorter than the task's longest sequence ({longest} tokens with the latent code); "
+                            f"give --max-len {longest} or more")
+
 # %% ../nbs/09_runs.ipynb #d5870f80
 def prepare_run(run_dir: Path, config: RunConfig, device: str = "auto", progress: bool = False, resume_without_log: bool = False) -> Run:
     "Everything a new or resumed run needs, with `config.json` written first; the CVAE is freshly initialized from the base."
     rd = RunDir(run_dir)
     check_run_dir(rd.path, config, resume_without_log)
-    rd.path.mkdir(parents=True, exist_ok=True)
     device = resolve_device(device)
     if config.threads: torch.set_num_threads(config.threads)
+    train, held_out = make_splits(config.task, config.n_train, config.n_eval, seed=config.data_seed)
+    check_sequence_lengths(config, train + held_out)  # before anything is written
+    rd.path.mkdir(parents=True, exist_ok=True)
     atomic_write_json(rd.config, {"config": config.to_dict(), "environment": environment_record(config.seed)})
     vocab = run_vocab(config)
-    train, held_out = make_splits(config.task, config.n_train, config.n_eval, seed=config.data_seed)
     base = prepare_base(rd.path, vocab, train, config, device, progress, held_out)
     scale = prepare_reference_scale(rd.path, base, vocab, train, FrozenReference(base), config, device)
     torch.manual_seed(config.seed)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -23,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from .base import SurprisalCache
+from .base import SurprisalCache, gate_failures
 from .conventions import trusted_values
 from .cvae import posterior_forward
 from .objective import (BETA_SCHEDULES, OBJECTIVE_NAMES, ORIGINAL_FLAG_ALIASES, ReconstructionLossConfig, free_bits_kl,
@@ -31,7 +32,7 @@ from .objective import (BETA_SCHEDULES, OBJECTIVE_NAMES, ORIGINAL_FLAG_ALIASES, 
 from .reconstruction import TERM_NAMES
 from .metrics import break_even_beta, evaluate_model
 from .runs import (LR_SCHEDULES, Run, RunConfig, RunDir, atomic_torch_save, atomic_write_json, check_run_dir, load_checkpoint, read_json,
-                               prepare_run, resolve_device, truncate_log)
+                               prepare_run, read_log, resolve_device, truncate_log, RunInputError, exclusive_run_dir)
 from .tasks import Example, batch_indices
 from .addition import Addition
 from .grid_pathfinding import GridPathfinding
@@ -171,6 +172,11 @@ def train_cvae(run: Run,                       # a prepared run (`prepare_run`)
     # train
     model.train()
     with open(run.dir.log, "a") as log:
+        if start and (start % tc.eval_every == 0 or start == tc.steps) and not any(
+                r.get("split") == "eval" and r["step"] == start for r in read_log(run.dir.log)):
+            # the checkpoint's evaluation record was lost (a torn last line): the checkpoint holds that step's model, so it is the same record
+            ev = evaluate(model, run.held_out, run.eval_cache, run.c_ref, run.config.loss, run.kl_weight(start - 1), seed=run.config.seed)
+            log.write(json.dumps(_json_safe({"step": start, "split": "eval", **ev})) + "\n")
         for step in steps:
             beta = run.kl_weight(step)
             record = train_step(run, opt, step, beta, tc.lr_at(step))
@@ -200,7 +206,6 @@ class BaseGateError(ValueError):
 
 def gate_message(gate: dict, path: Path) -> str:
     "One line saying which criteria of the gate failed, by how much, and what to do."
-    from basedirected.base import gate_failures
     return (f"the base model fails the quality gate ({'; '.join(gate_failures(gate))}; see {path}): train it longer (--base-steps) "
             "or pass --allow-failed-base to adapt a CVAE from it anyway")
 
@@ -238,7 +243,9 @@ def run(run_dir: Path, config: RunConfig, device: str = "auto", progress: bool =
     r = prepare_run(run_dir, config, device, progress, resume_without_log)
     if compile: compile_cvae(r.model)
     if shared_prefix and hasattr(r.model, "shared_prefix"): r.model.shared_prefix = True
-    if require_gate and not r.gate["passes"]: raise BaseGateError(gate_message(r.gate, r.dir.gate))
+    if not r.gate["passes"]:
+        if require_gate: raise BaseGateError(gate_message(r.gate, r.dir.gate))
+        warnings.warn(f"adapting a CVAE from a base that fails the quality gate ({'; '.join(gate_failures(r.gate))}; {r.dir.gate})", stacklevel=2)
     final = train_run(r, progress, stop_after)
     if metrics and (stop_after is None or stop_after >= config.train.steps): atomic_write_json(r.dir.metrics, run_metrics(r, final))
     return final
@@ -439,7 +446,7 @@ def _safe_force(rd: RunDir):
     "Delete the files this package writes, and only in a recognisable run directory."
     if not rd.path.is_dir(): return
     if any(rd.path.iterdir()) and not rd.is_run():
-        raise ValueError(f"--force: {rd.path} is not a run directory (no config.json); nothing was deleted")
+        raise ValueError(f"--force: {rd.path} is not a run directory (no config.json written by this package); nothing was deleted")
     for f in rd.files(): f.unlink(missing_ok=True)
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -452,20 +459,24 @@ def train_main(argv: list[str] | None = None) -> int:
         return hf.hf_train_main(args)
     parser = build_parser()
     a = parser.parse_args(argv)
-    rd = RunDir(a.run_dir)
+    rd, held = RunDir(a.run_dir), contextlib.ExitStack()
     try:
+        if not a.run_dir.strip(): raise ValueError("--run-dir must name a directory, got an empty string")
         config = config_from_args(a)
         if config.cvae.latent == "discrete" and config.cvae.K == 1 and not a.allow_inert:
             raise ValueError("--K 1 leaves a discrete latent inert by construction (one code carries no information); pass --allow-inert to run it as a control")
         resolve_device(a.device)
+        held.enter_context(exclusive_run_dir(rd.path))  # one process per run directory, before --force deletes anything
         if a.force: _safe_force(rd)
         check_run_dir(rd.path, config, a.resume_without_log)
-    except ValueError as e: parser.error(str(e))  # exits 2 with one line naming the option or path
+    except ValueError as e: held.close(); parser.error(str(e))  # exits 2 with one line naming the option or path
     t0 = time.perf_counter()
-    try: final = run(rd.path, config, device=a.device, progress=not a.quiet, resume_without_log=a.resume_without_log,
-                     require_gate=not a.allow_failed_base, compile=a.compile, shared_prefix=a.shared_prefix, metrics=not a.no_metrics)
-    except (NonFiniteError, BaseGateError) as e: parser.exit(2, f"{parser.prog}: error: {e}\n")
-    except OSError as e: parser.exit(2, f"{parser.prog}: error: {e.filename or rd.path}: {e.strerror or e}; nothing already written was lost\n")
+    with held, warnings.catch_warnings():  # the lock is released however the run ends; a warning is one line, not a source location
+        warnings.showwarning = lambda message, *_: print(f"{parser.prog}: warning: {message}", file=sys.stderr, flush=True)
+        try: final = run(rd.path, config, device=a.device, progress=not a.quiet, resume_without_log=a.resume_without_log,
+                         require_gate=not a.allow_failed_base, compile=a.compile, shared_prefix=a.shared_prefix, metrics=not a.no_metrics)
+        except (NonFiniteError, BaseGateError, RunInputError) as e: parser.exit(2, f"{parser.prog}: error: {e}\n")
+        except OSError as e: parser.exit(2, f"{parser.prog}: error: {e.filename or rd.path}: {e.strerror or e}; nothing already written was lost\n")
     print(f"run directory: {rd.path}  ({time.perf_counter() - t0:.0f} s)")
     for k in ("loss", "std", "dist", "tok_cc", "theta", "kl", "base_mean"): print(f"  eval {k:>10s} = {final[k]:.4f}")
     if not a.no_metrics:

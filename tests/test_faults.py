@@ -145,6 +145,84 @@ def test_damaged_files_are_named_with_a_fix(tmp_path, capsys, name, content, mes
     assert code == 2 and message in line and "weights_only" not in line
 
 
+def _checkpoint_without(key):
+    def damage(path):
+        ck = torch.load(path, weights_only=True); del ck[key]; torch.save(ck, path)
+    return damage
+
+
+def _nan_weight(path):
+    ck = torch.load(path, weights_only=True)
+    name = next(k for k, t in ck["model"].items() if t.is_floating_point())
+    ck["model"][name][0] = float("nan"); torch.save(ck, path)
+
+
+@pytest.mark.parametrize("name, damage, message", [
+    ("log.jsonl", lambda p: p.write_text("[1, 2]\n" + p.read_text()), "log.jsonl line 1 is not a log record"),
+    ("log.jsonl", lambda p: p.write_text('{"split": "train"}\n' + p.read_text()), "log.jsonl line 1 is not a log record"),
+    ("log.jsonl", lambda p: p.write_bytes(b'{"step": 1, "x": "\xff"}\n' + p.read_bytes()), "log.jsonl line 1 is not valid JSON"),
+    ("checkpoint.pt", _checkpoint_without("step"), "checkpoint.pt lacks step"),
+    ("checkpoint.pt", _checkpoint_without("model"), "checkpoint.pt lacks model"),
+    ("checkpoint.pt", _nan_weight, "checkpoint.pt holds non-finite weights"),
+    ("config.json", lambda p: p.write_text("[]"), "config.json holds a JSON list, not the object this package writes"),
+    ("config.json", lambda p: (p.unlink(), p.mkdir()), "config.json is a directory, not a file"),
+    ("config.json", lambda p: p.write_text('{"config": {}}'), "config.json is not a run record of this package"),
+    ("reference_scale.json", lambda p: p.write_text("0.04"), "reference_scale.json holds a JSON float"),
+    ("reference_scale.json", lambda p: p.write_text(p.read_text().replace('"value": ', '"value": -1, "was": ', 1)), "estimate of c_theta is -1, not a positive number"),
+    ("reference_scale.json", lambda p: p.write_text(p.read_text().replace('"value": ', '"value": NaN, "was": ', 1)), "estimate of c_theta is nan"),
+    ("reference_scale.json", lambda p: p.write_text(p.read_text().replace('"value": ', '"was": ', 1)), "estimate of c_theta is None"),
+    ("base.pt", lambda p: torch.save({"steps": 40}, p), "base.pt holds no model"),
+    ("base_gate.json", lambda p: p.write_text('{"garbage": true}'), "base_gate.json holds no gate verdict"),
+])
+def test_damaged_run_files_are_named_before_any_work(tmp_path, capsys, name, damage, message):
+    run(tmp_path, tiny(), device="cpu", stop_after=4)
+    damage(tmp_path / name)
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.iterdir() if p.is_file()}
+    code, line = cli(tmp_path, capsys=capsys)
+    assert code == 2 and message in line and str(tmp_path) in line, line
+    assert before == {p: p.stat().st_mtime_ns for p in tmp_path.iterdir() if p.is_file()}  # refused before writing anything
+
+
+def test_a_failed_torch_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, capsys):
+    "torch's writer reports a full disk as RuntimeError, not OSError."
+    run(tmp_path, tiny(), device="cpu", stop_after=4)
+    before = (tmp_path / "checkpoint.pt").read_bytes()
+    real_save = torch.save
+    def failing(obj, f, *a, **k):
+        if "checkpoint" in str(f): raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 448 vs 342\nPytorchStreamWriter failed writing file data/0: file write failed")
+        return real_save(obj, f, *a, **k)
+    monkeypatch.setattr(torch, "save", failing)
+    code, line = cli(tmp_path, capsys=capsys)
+    assert code == 2 and "checkpoint.pt: could not write it (PytorchStreamWriter failed writing file data/0: file write failed)" in line
+    assert (tmp_path / "checkpoint.pt").read_bytes() == before and not [p for p in os.listdir(tmp_path) if ".tmp" in p]
+
+
+def test_force_leaves_a_directory_whose_config_json_is_not_a_run_alone(tmp_path, capsys):
+    (tmp_path / "config.json").write_text('{"lr": 0.1}'); (tmp_path / "eval.json").write_text("{}")
+    code, line = cli(tmp_path, "--force", capsys=capsys)
+    assert code == 2 and "is not a run directory" in line
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "eval.json"]
+
+
+def test_an_empty_run_dir_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli("", capsys=capsys) == (2, "basedirected-train: error: --run-dir must name a directory, got an empty string")
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_api_warns_when_it_adapts_from_a_base_that_fails_the_gate(tmp_path):
+    with pytest.warns(UserWarning, match=r"fails the quality gate \(.*base_gate.json"):
+        run(tmp_path, tiny(), device="cpu", stop_after=1)
+
+
+def test_repro_refuses_an_out_below_a_file_in_one_line(tmp_path, capsys):
+    from basedirected.reports import repro_main
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(SystemExit) as e: repro_main(["--preset", "smoke", "--out", str(tmp_path / "f" / "sweep"), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1] == f"basedirected-repro: error: --out {tmp_path / 'f' / 'sweep'}: Not a directory"
+
+
 def test_a_truncated_base_is_named(tmp_path, capsys):
     run(tmp_path, tiny(), device="cpu", stop_after=4)
     data = (tmp_path / "base.pt").read_bytes()
@@ -185,7 +263,7 @@ def test_force_on_a_run_directory_removes_only_what_the_package_wrote(tmp_path, 
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--force"], "is not a run directory (no config.json); nothing was deleted"),
+    (["--force"], "is not a run directory (no config.json written by this package); nothing was deleted"),
     (["--device", "foo"], "device must be 'auto', 'cpu' or 'cuda[:i]', got 'foo'"),
     (["--seed", str(2**70)], "--seed must be an integer in [0, 2**31)"),
     (["--n-train", "1"], "--n-train must be >= 2"),
@@ -320,3 +398,50 @@ def test_repro_force_removes_only_what_the_package_wrote(tmp_path):
     execute(tmp_path, preset, progress=False, force=True)
     assert os.path.getmtime(tmp_path / "runs" / spec.key / "metrics.json") > before  # rerun
     assert all(f.read_text() == "a user's file" for f in mine)
+
+
+@pytest.mark.parametrize("path, damage, message", [
+    ("runs/{key}/metrics.json", lambda p: p.write_text("{ garbage"), "metrics.json is not valid JSON; delete it or rerun with --force"),
+    ("runs/{key}/config.json", lambda p: p.write_text("[]"), "config.json holds a JSON list"),
+    ("runs/{key}/checkpoint.pt", lambda p: (p.write_bytes(b"\x00garbage"), (p.parent / "metrics.json").unlink()), "checkpoint.pt is not a readable checkpoint"),
+    ("bases/early-s0/base.pt", lambda p: (torch.save({"steps": 40}, p), next(p.parent.parent.parent.glob("runs/*/metrics.json")).unlink()),
+     "base.pt holds no base model"),
+])
+def test_a_sweeps_damaged_files_are_named_in_one_line(smoke_dir, tmp_path, capsys, path, damage, message):
+    import shutil
+    from basedirected.experiments import PRESETS, plan
+    from basedirected.reports import repro_main
+    out = tmp_path / "sweep"; shutil.copytree(smoke_dir, out)
+    damage(out / path.format(key=plan(PRESETS["smoke"])[0].key))
+    with pytest.raises(SystemExit) as e: repro_main(["--preset", "smoke", "--out", str(out), "--quiet", "--jobs", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and message in err[0] and str(out) in err[0], err
+
+
+def test_a_finished_run_whose_final_eval_record_was_torn_writes_it_again(tmp_path, capsys):
+    assert cli(tmp_path, capsys=capsys)[0] == 0
+    log = (tmp_path / "log.jsonl").read_text().splitlines()
+    final = json.loads(log[-1]); assert final["split"] == "eval" and final["step"] == 8
+    (tmp_path / "log.jsonl").write_text("\n".join(log[:-1]) + "\n" + log[-1][: len(log[-1]) // 2])  # torn by a kill
+    assert cli(tmp_path, capsys=capsys)[0] == 0
+    assert read_log(tmp_path / "log.jsonl") == [json.loads(l) for l in log]  # the same record, rewritten
+
+
+def test_max_len_too_short_for_the_task_is_refused_before_anything_is_written(tmp_path, capsys):
+    code, line = cli(tmp_path / "run", "--max-len", "20", capsys=capsys)
+    assert code == 2 and "--max-len 20 is shorter than the task's longest sequence (21 tokens" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_directory_in_use_is_refused_and_a_rerun_clears_a_killed_writers_temporaries(tmp_path, capsys):
+    import fcntl
+    run(tmp_path, tiny(), device="cpu", stop_after=4)
+    debris = [tmp_path / ".checkpoint.pt.tmp99999", tmp_path / ".log.jsonl.tmp99998"]
+    for p in debris: p.write_bytes(b"half a file")
+    (tmp_path / ".notes.txt.tmp1").write_text("a user's file")
+    fd = os.open(tmp_path, os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX)  # another process running in it
+    try: code, line = cli(tmp_path, capsys=capsys)
+    finally: os.close(fd)
+    assert code == 2 and "another process is running in this run directory" in line and all(p.exists() for p in debris)
+    assert cli(tmp_path, capsys=capsys)[0] == 0
+    assert not any(p.exists() for p in debris) and (tmp_path / ".notes.txt.tmp1").exists()
