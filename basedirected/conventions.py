@@ -81,6 +81,7 @@ def check_batch(mask: torch.Tensor,      # (B, T) 0/1 or bool, 1 on supervised r
     "Validate `(B, T)` tensors against a 0/1 `mask`; return the mask as bool."
     if not isinstance(mask, torch.Tensor): raise ValueError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
     if mask.dim() != 2: raise ValueError(f"mask must have shape (B, T), got {tuple(mask.shape)}")
+    if mask.shape[0] == 0: raise ValueError(f"the batch is empty: mask has shape {tuple(mask.shape)}; give at least one example")
     checks = value_checks_enabled()
     if mask.dtype != torch.bool:
         if checks and not bool(((mask == 0) | (mask == 1)).all()): raise ValueError("mask must be binary (0/1)")

@@ -34,14 +34,24 @@ def entropy(p: torch.Tensor, dim: int = -1) -> torch.Tensor:
     "Shannon entropy in nats along `dim` ($0\\log 0 = 0$)."
     return -(p * p.clamp_min(1e-30).log()).sum(dim)
 
+def _posteriors(q: torch.Tensor) -> torch.Tensor:
+    "Posteriors `q (N, K)` with N >= 1, in float64."
+    if q.dim() != 2 or q.shape[0] == 0 or q.shape[1] == 0: raise ValueError(f"q must be an (N, K) table of posteriors with N, K >= 1, got shape {tuple(q.shape)}")
+    return q.double()
+
 def latent_information(q: torch.Tensor) -> float:
     "$I(z;x,y) = H(\\bar q) - \\mathbb E[H(q)]$ for posteriors `q (N, K)`."
-    q = q.double()
+    q = _posteriors(q)
     return (entropy(q.mean(0)) - entropy(q).mean()).item()
 
 def strategy_information(q: torch.Tensor, strategies: torch.Tensor, normalized: bool = True) -> float:
-    "$I(z;s)$ from the expected joint of codes and true strategies; divided by $H(s)$ when `normalized`."
-    S, q = int(strategies.max()) + 1, q.double()
+    "$I(z;s)$ from the expected joint of codes and true strategies (rows whose strategy is unknown, < 0, left out); divided by $H(s)$ when `normalized`."
+    q = _posteriors(q)
+    if strategies.shape != q.shape[:1]: raise ValueError(f"strategies must hold one label per row of q, shape ({len(q)},), got {tuple(strategies.shape)}")
+    known = strategies >= 0
+    if not bool(known.any()): raise ValueError("strategy_information needs at least one row with a known strategy (>= 0)")
+    q, strategies = q[known], strategies[known]
+    S = int(strategies.max()) + 1
     joint = torch.stack([q[strategies == s].sum(0) for s in range(S)]) / len(q)
     ps, pk = joint.sum(1), joint.sum(0)
     mi = (joint * (joint.clamp_min(1e-30).log() - (ps[:, None] * pk[None]).clamp_min(1e-30).log())).sum().item()
@@ -51,7 +61,7 @@ def strategy_information(q: torch.Tensor, strategies: torch.Tensor, normalized: 
 
 def code_perplexity(q: torch.Tensor) -> float:
     "$e^{H(\\bar q)}$: the effective number of codes in use."
-    return math.exp(entropy(q.double().mean(0)).item())
+    return math.exp(entropy(_posteriors(q).mean(0)).item())
 
 # %% ../nbs/08_metrics.ipynb #fe8bef97
 def aggregate_posterior_information(mu: torch.Tensor, logvar: torch.Tensor, seed: int = 0) -> float:
@@ -173,8 +183,11 @@ def alignment_score(counts,                  # (K, S) code-by-strategy counts of
                     rule: str = "one_to_one", # 'one_to_one' (alignment) or 'many_to_one' (purity)
                    ) -> float:               # A(N); 0 when nothing was counted
     "$A_{1:1}$ or $A_{n:1}$: the best matching's records as a share of all counted records (unclassified ones count as unmatched)."
-    matched = matched_records(counts, rule)
-    n = float(_count_table(counts).sum() + _unclassified(_count_table(counts), unclassified).sum())
+    N = _count_table(counts); U = _unclassified(N, unclassified)
+    scale = max(N.max(initial=0.0), U.max(initial=0.0))
+    if scale > 0: N, U = N / scale, U / scale  # a share: the same for counts too large to sum in float64
+    matched = matched_records(N, rule)
+    n = float(N.sum() + U.sum())
     return matched / n if n > 0 else 0.0
 
 def alignment_one_to_one(counts, unclassified=None) -> float:

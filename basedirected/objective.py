@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 
-from .conventions import check_nonnegative, check_unit_interval, value_checks_enabled
+from .conventions import check_nonnegative, check_positive, check_unit_interval, value_checks_enabled
 from .reconstruction import TERM_NAMES, TERM_SPECS, reconstruction_terms, resolve_term
 from .weights import ReferenceWeights, reference_weights
 
@@ -179,11 +179,15 @@ def objective(nll: torch.Tensor,       # E_q[l_t], (B, T) response coordinates
 # %% ../nbs/04_objective.ipynb #36635323
 def j_theta(terms: dict[str, torch.Tensor], kl: torch.Tensor, beta: float) -> torch.Tensor:
     "$\\mathcal J_\\theta = \\mathcal R_\\theta + \\beta\\,\\mathrm{KL}$ (note 000), from `reconstruction_terms` and per-example KL."
-    return terms["theta"] + check_nonnegative(beta, "beta") * kl.mean()
+    return terms["theta"] + check_nonnegative(beta, "beta") * _checked_kl(kl).mean()
+
+def _checked_kl(kl: torch.Tensor) -> torch.Tensor:
+    if value_checks_enabled() and not bool(torch.isfinite(kl.detach()).all()): raise ValueError("kl has NaN or inf")
+    return kl
 
 def j_celbo(terms: dict[str, torch.Tensor], kl: torch.Tensor, beta: float) -> torch.Tensor:
     "$\\mathcal J_{\\mathrm{cELBO}} = R_{\\mathrm{std}} + \\beta\\,\\mathrm{KL}$ (note 000), the negative conditional ELBO."
-    return terms["std"] + check_nonnegative(beta, "beta") * kl.mean()
+    return terms["std"] + check_nonnegative(beta, "beta") * _checked_kl(kl).mean()
 
 # %% ../nbs/04_objective.ipynb #f8326340
 def loss_reference_weights(base_nll: torch.Tensor,           # b_{theta,t}, (B, T)
@@ -200,7 +204,7 @@ def term_token_weights(weights: ReferenceWeights,  # `loss_reference_weights` of
                        names=TERM_NAMES,           # the terms wanted
                       ) -> dict[str, torch.Tensor]:  # name -> (B, T), zero off the mask, no gradient
     "Each term $R_k$ as a token weighting $\\omega^{(k)}_b \\pi^{(k)}_{bt} / C_k$, so that $R_k = \\frac1B\\sum_b\\sum_t (\\cdot)_{bt}\\,\\ell_{bt}$."
-    c_ref = check_nonnegative(c_ref, "c_ref")
+    c_ref = check_positive(c_ref, "c_ref")  # the reference units divide by it
     out = {}
     for name in names:
         pi, omega, C = resolve_term(TERM_SPECS[name], weights, c_ref, token_reduction=token_reduction)

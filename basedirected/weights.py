@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .conventions import autocast_disabled, check_nonnegative, check_unit_interval, masked_mean
+from .conventions import autocast_disabled, check_batch, check_nonnegative, check_unit_interval, masked_mean
 from .surprisal import prepare_surprisal
 
 # %% auto #0
@@ -22,7 +22,7 @@ def uniform_weights(mask: torch.Tensor,                 # 0/1 or bool over respo
                     dtype: torch.dtype = torch.float32, # dtype of the result
                    ) -> torch.Tensor:                   # u_t, rows sum to 1, (B, T)
     "$u_t = 1/T_y$ on supervised positions, 0 elsewhere (note 000)."
-    m = mask.to(dtype)
+    m = check_batch(mask).to(dtype)  # a row without a response token has no uniform weights
     return m / m.sum(-1, keepdim=True)
 
 # %% ../nbs/02_weights.ipynb #bc35ab3f

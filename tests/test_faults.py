@@ -314,6 +314,33 @@ def test_api_bad_input_raises_value_errors_that_name_the_argument():
     assert torch.isfinite(reconstruction_weights(denormal, torch.ones(1, 3), 0.5, 1.0)).all()
 
 
+def test_api_edge_inputs_raise_value_errors_instead_of_nan():
+    from basedirected.metrics import alignment_one_to_one, code_perplexity, latent_information, strategy_information
+    from basedirected.objective import j_celbo, j_theta, loss_reference_weights, loss_token_weights
+    from basedirected.reconstruction import reconstruction_terms
+    from basedirected.surprisal import base_mean
+    from basedirected.weights import uniform_weights
+    empty = torch.zeros(0, 3)
+    for f in (lambda: reconstruction_weights(empty, empty, 0.5, 1.0), lambda: reconstruction_terms(empty, empty, empty, 1.0),
+              lambda: base_mean(empty, empty), lambda: objective(empty, empty, empty, 1.0, torch.zeros(0), 0.1, ReconstructionLossConfig.theta())):
+        with pytest.raises(ValueError, match="the batch is empty"): f()
+    b, mask = torch.rand(2, 3) + 0.1, torch.ones(2, 3)
+    cfg = ReconstructionLossConfig.theta()
+    with pytest.raises(ValueError, match="c_ref must be > 0"): loss_token_weights(b, mask, 0.0, cfg)
+    with pytest.raises(ValueError, match=r"rows \[1\] of mask have no supervised token"): uniform_weights(torch.tensor([[1.0, 0.0], [0.0, 0.0]]))
+    with pytest.raises(ValueError, match="N, K >= 1"): latent_information(torch.zeros(0, 3))
+    with pytest.raises(ValueError, match="N, K >= 1"): code_perplexity(torch.zeros(0, 3))
+    with pytest.raises(ValueError, match="N, K >= 1"): strategy_information(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))
+    with pytest.raises(ValueError, match="at least one row with a known strategy"): strategy_information(torch.full((2, 2), 0.5), torch.tensor([-1, -1]))
+    uninformative = torch.full((4, 2), 0.5)
+    assert strategy_information(uninformative, torch.tensor([0, 1, -1, -1])) == pytest.approx(0.0)  # unknown strategies are left out
+    assert strategy_information(torch.eye(2).repeat(2, 1), torch.tensor([0, 1, 0, -1])) == pytest.approx(1.0)
+    assert alignment_one_to_one([[1e308, 0], [0, 1e308]]) == 1.0 and alignment_one_to_one([[3e307, 1e307], [0, 4e307]]) == pytest.approx(7 / 8)
+    terms = reconstruction_terms(b, b, mask, 1.0)
+    for j in (j_theta, j_celbo):
+        with pytest.raises(ValueError, match="kl has NaN or inf"): j(terms, torch.tensor([0.1, float("nan")]), 0.1)
+
+
 def test_a_shared_base_is_keyed_by_its_configuration(tmp_path):
     import dataclasses
     from basedirected.experiments import PRESETS, execute
