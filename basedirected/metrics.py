@@ -184,8 +184,8 @@ def alignment_score(counts,                  # (K, S) code-by-strategy counts of
                    ) -> float:               # A(N); 0 when nothing was counted
     "$A_{1:1}$ or $A_{n:1}$: the best matching's records as a share of all counted records (unclassified ones count as unmatched)."
     N = _count_table(counts); U = _unclassified(N, unclassified)
-    scale = max(N.max(initial=0.0), U.max(initial=0.0))
-    if scale > 0: N, U = N / scale, U / scale  # a share: the same for counts too large to sum in float64
+    if not math.isfinite(float(N.sum() + U.sum())):  # a share: rescaled, it is the same for counts too large to sum in float64
+        scale = max(N.max(initial=0.0), U.max(initial=0.0)); N, U = N / scale, U / scale
     matched = matched_records(N, rule)
     n = float(N.sum() + U.sum())
     return matched / n if n > 0 else 0.0
