@@ -34,18 +34,19 @@ from .metrics import (MetricsConfig, alignment_record, code_perplexity, entropy,
 from .model import Batch, EncodedExamples, layout_tokens, response_nll
 from .objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig, objectives
 from .runs import (LR_SCHEDULES, RunDir, TrainConfig, atomic_torch_save, atomic_write_bytes, atomic_write_json, environment_record, load_checkpoint, read_json,
-                   read_log, resolve_device, truncate_log)
+                   check_writable, read_log, resolve_device, truncate_log)
 from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, batch_indices
 from .train import TASKS, objective_terms, task_from_args
 
 # %% auto #0
-__all__ = ['LAYOUT_SPECIALS', 'ADAPT_MODES', 'OPTIMIZERS', 'HF_RUN_FILES', 'HFVocab', 'save_tiny_backbone', 'HFCausalLM',
-           'init_new_embeddings', 'load_backbone', 'PairRecord', 'read_pairs', 'pairs_to_examples', 'encode_examples',
-           'EncodedPairs', 'context_length', 'check_context', 'HFReference', 'PairSurprisalCache', 'AdaptConfig',
-           'train_rows_only', 'embedding_matrices', 'build_hf_cvae', 'hf_reference', 'build_optimizers', 'HFRunConfig',
-           'distributed_setup', 'hf_reference_scale', 'hf_train_step', 'hf_evaluate', 'hf_metrics', 'task_input',
-           'task_response', 'hf_generation_metrics', 'check_hf_run_dir', 'check_hf_inputs', 'HFRun', 'prepare_hf_run',
+__all__ = ['LAYOUT_SPECIALS', 'ADAPT_MODES', 'OPTIMIZERS', 'HF_RUN_FILES', 'WEIGHT_FILES', 'HFVocab', 'save_tiny_backbone',
+           'HFCausalLM', 'init_new_embeddings', 'load_backbone', 'PairRecord', 'read_pairs', 'pairs_to_examples',
+           'encode_examples', 'EncodedPairs', 'context_length', 'check_context', 'check_context_length', 'HFReference',
+           'PairSurprisalCache', 'AdaptConfig', 'train_rows_only', 'embedding_matrices', 'build_hf_cvae',
+           'hf_reference', 'build_optimizers', 'HFRunConfig', 'distributed_setup', 'hf_reference_scale',
+           'hf_train_step', 'hf_evaluate', 'hf_metrics', 'task_input', 'task_response', 'hf_generation_metrics',
+           'check_hf_run_dir', 'check_hf_inputs', 'check_backbone', 'check_task_data', 'HFRun', 'prepare_hf_run',
            'hf_kl_weight', 'hf_train', 'hf_run', 'build_hf_parser', 'hf_config_from_args', 'hf_train_main']
 
 # %% ../nbs/10a_hf.ipynb #23fc6380
@@ -195,8 +196,10 @@ def read_pairs(path) -> list[PairRecord]:
     path = Path(path)
     if not path.is_file(): raise ValueError(f"{path}: no such data file")
     out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip(): continue
+    for i, raw in enumerate(path.read_bytes().splitlines(), 1):
+        if not raw.strip(): continue
+        try: line = raw.decode()
+        except UnicodeDecodeError as e: raise ValueError(f"{path} line {i}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})") from None
         try: r = json.loads(line)
         except json.JSONDecodeError as e: raise ValueError(f"{path} line {i}: not valid JSON ({e.msg})") from None
         if not isinstance(r, dict): raise ValueError(f"{path} line {i}: expected a JSON object, got {type(r).__name__}")
@@ -248,7 +251,10 @@ def context_length(model: HFCausalLM) -> int | None:
 
 def check_context(model: HFCausalLM, examples: list[Example], what: str = "data"):
     "Refuse an example whose generator layout is longer than the backbone's context, naming it."
-    limit = context_length(model)
+    check_context_length(examples, context_length(model), what)
+
+def check_context_length(examples: list[Example], limit: int | None, what: str = "data"):
+    "Refuse an example whose generator layout is longer than `limit` tokens (None: no limit known), naming it."
     if limit is None: return
     for i, e in enumerate(examples):
         if len(e.x) + len(e.y) + 9 > limit:  # 9 layout tokens with the latent block
@@ -582,10 +588,19 @@ def check_hf_run_dir(run_dir, config: HFRunConfig):
     "Refuse (`ValueError` naming the file) a directory holding another run, or a checkpoint the log does not reach."
     rd = RunDir(run_dir)
     if rd.path.exists() and not rd.path.is_dir(): raise ValueError(f"{rd.path} is a file, not a directory")
+    check_writable(rd.path)
     if rd.config.exists() and read_json(rd.config).get("config") != json.loads(json.dumps(config.to_dict())):
         raise ValueError(f"{rd.path} holds a run with a different configuration; choose another --run-dir or pass --force")
+    if rd.scale.exists():
+        s = read_json(rd.scale).get("scale")
+        v = s.get("value") if isinstance(s, dict) else None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"{rd.scale} holds no positive c_theta ('scale' with a 'value'); delete it to estimate it again")
     if rd.checkpoint.exists():
-        step = load_checkpoint(rd.checkpoint)["step"]
+        ck = load_checkpoint(rd.checkpoint)
+        missing = [k for k in ("step", "trainable", "optimizers") if k not in ck]
+        if missing: raise ValueError(f"{rd.checkpoint} lacks {', '.join(missing)}; delete it to start the run again, or rerun with --force")
+        step = ck["step"]
         logged = max((r["step"] for r in read_log(rd.log) if r.get("split") == "train"), default=0)
         if logged < step: raise ValueError(f"{rd.log} ends at step {logged}, before {rd.checkpoint} (step {step}): the log is incomplete")
 
@@ -593,15 +608,53 @@ def check_hf_inputs(config: HFRunConfig, world: int = 1):
     "Refuse, before anything is written, a backbone path, data file or batch size the run cannot use."
     if not (Path(config.backbone) / "config.json").is_file():
         raise ValueError(f"--backbone {config.backbone} is not a directory holding a saved model (config.json)")
-    n = len(read_pairs(config.data))
-    if config.eval_data is not None: read_pairs(config.eval_data)
-    if n < config.train.batch_size: raise ValueError(f"{config.data}: {n} records, fewer than the batch size {config.train.batch_size}")
+    records = read_pairs(config.data)
+    held = read_pairs(config.eval_data) if config.eval_data is not None else records
+    if len(records) < config.train.batch_size: raise ValueError(f"{config.data}: {len(records)} records, fewer than the batch size {config.train.batch_size}")
     if config.train.batch_size % world: raise ValueError(f"batch size {config.train.batch_size} must be divisible by the {world} processes")
+    check_backbone(config, records, held[:config.n_eval])
+    if config.task is not None: check_task_data(config, held[:config.n_eval])
 
 def _trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
     "The trained weights only: the rest is the backbone on disk."
     names = {n for n, p in model.named_parameters() if p.requires_grad}
     return {k: v for k, v in model.state_dict().items() if k in names}
+
+# %% ../nbs/10a_hf.ipynb #f8593e63
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+def check_backbone(config: HFRunConfig, records: list[PairRecord], held: list[PairRecord]) -> None:
+    "Refuse, naming the directory, a backbone without a readable configuration or weights, a tokenizer that cannot encode the data, LoRA targets it lacks, or data longer than its context."
+    path = Path(config.backbone)
+    try: model_config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as e: raise ValueError(f"--backbone {path}: its config.json cannot be read ({type(e).__name__})") from None
+    if not any((path / f).is_file() for f in WEIGHT_FILES): raise ValueError(f"--backbone {path} holds no weights (none of {', '.join(WEIGHT_FILES)})")
+    try: tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e: raise ValueError(f"--backbone {path}: its tokenizer cannot be loaded ({type(e).__name__})") from None
+    sample = [t for r in records[:64] for t in (r.prompt, r.response) if t.strip()]
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in sample]
+    unknown = sum(i == tok.unk_token_id for x in ids for i in x) if tok.unk_token_id is not None else 0
+    if any(not x for x in ids) or unknown > 0.5 * sum(map(len, ids)):  # e.g. a directory without tokenizer files: transformers builds an empty one
+        raise ValueError(f"--backbone {path}: its tokenizer cannot encode the data ({sum(not x for x in ids)} of {len(ids)} sampled texts encode to nothing, "
+                         f"{unknown} of {sum(map(len, ids))} tokens unknown); does the directory hold the model's tokenizer files?")
+    vocab = HFVocab(tok, n_latent=max(config.cvae.K, 8))
+    limit = getattr(model_config, "max_position_embeddings", None) or getattr(model_config, "n_positions", None)
+    for what, rs in (("training", records), ("eval", held)): check_context_length(pairs_to_examples(vocab, rs)[0], limit, what)
+    if config.adapt.mode == "lora" and config.adapt.lora_targets != "all-linear":
+        with torch.device("meta"): names = {n.rsplit(".", 1)[-1] for n, _ in transformers.AutoModelForCausalLM.from_config(model_config).named_modules()}
+        unknown_targets = [t.strip() for t in config.adapt.lora_targets.split(",") if t.strip() and t.strip() not in names]
+        if unknown_targets: raise ValueError(f"--lora-targets {', '.join(unknown_targets)}: no such module in the backbone {path}")
+
+def check_task_data(config: HFRunConfig, records: list[PairRecord]) -> None:
+    "Refuse a `--task` (or `--regime`) whose checker does not read the data: most of its records must be valid traces of that task."
+    task = task_from_args(argparse.Namespace(task=config.task, regime=config.regime), {})
+    def valid(r):
+        try: return task.check(task_input(r.prompt), tuple(r.response.split())).valid
+        except Exception: return False  # a prompt the task cannot even read
+    sample = records[:64]
+    n = sum(map(valid, sample))
+    if n < len(sample) / 2: raise ValueError(f"--task {config.task}: only {n} of {len(sample)} sampled records of {config.eval_data or config.data} "
+                                             f"are valid {config.task} traces; is the data exported from that task?")
 
 # %% ../nbs/10a_hf.ipynb #c9db1bef
 @dataclass
@@ -794,16 +847,20 @@ def hf_train_main(argv: list[str] | None = None) -> int:
     rd = RunDir(a.run_dir)
     main = int(os.environ.get("RANK", "0")) == 0
     try:
+        if not a.run_dir.strip(): raise ValueError("--run-dir must name a directory, got an empty string")
+        if a.stop_after is not None and a.stop_after < 1: raise ValueError(f"--stop-after must be >= 1, got {a.stop_after}")
         config = hf_config_from_args(a)
         check_hf_inputs(config, int(os.environ.get("WORLD_SIZE", "1")))
         if a.force and main and rd.path.is_dir():
-            if any(rd.path.iterdir()) and not rd.config.exists(): raise ValueError(f"--force: {rd.path} is not a run directory (no config.json); nothing was deleted")
+            if any(rd.path.iterdir()) and not rd.is_run():
+                raise ValueError(f"--force: {rd.path} is not a run directory (no config.json written by this package); nothing was deleted")
             for name in HF_RUN_FILES: (rd.path / name).unlink(missing_ok=True)
         if main: check_hf_run_dir(rd.path, config)
     except (ValueError, KeyError) as e: parser.error(str(e))  # exits 2 with one line
     t0 = time.perf_counter()
     try: final = hf_run(rd.path, config, a.device, a.stop_after, progress=not a.quiet)
     except (ValueError, FloatingPointError) as e: parser.exit(2, f"{parser.prog}: error: {e}\n")
+    except OSError as e: parser.exit(2, f"{parser.prog}: error: {e.filename or rd.path}: {e.strerror or e}; nothing already written was lost\n")
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
     if main:

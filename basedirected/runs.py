@@ -37,8 +37,8 @@ from .visiting_order import VisitingOrder
 __all__ = ['LR_SCHEDULES', 'TrainConfig', 'RunConfig', 'RunDir', 'atomic_write_bytes', 'atomic_write_json', 'atomic_torch_save',
            'load_checkpoint', 'read_json', 'file_lock', 'exclusive_run_dir', 'remove_temporaries', 'read_log',
            'truncate_log', 'environment_record', 'resolve_device', 'run_vocab', 'load_base', 'prepare_base',
-           'prepare_reference_scale', 'prepare_gate', 'Run', 'check_run_dir', 'RunInputError', 'check_sequence_lengths',
-           'prepare_run', 'load_run']
+           'prepare_reference_scale', 'prepare_gate', 'Run', 'check_writable', 'check_run_dir', 'RunInputError',
+           'check_sequence_lengths', 'prepare_run', 'load_run']
 
 # %% ../nbs/09_runs.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
@@ -405,7 +405,8 @@ def _checked_checkpoint(path: Path) -> dict:
     return ck
 
 # %% ../nbs/09_runs.ipynb #a50580b6
-def _check_writable(path: Path):
+def check_writable(path: Path):
+    "Refuse (`ValueError` naming the path) a directory that is, or would be made below, a file, or cannot be written."
     for p in (path, *path.parents):
         if p.exists():
             if not p.is_dir(): raise ValueError(f"{path}: {p} is a file, not a directory")
@@ -415,7 +416,7 @@ def _check_writable(path: Path):
 def check_run_dir(run_dir: Path, config: RunConfig, resume_without_log: bool = False) -> None:
     "Refuse (`ValueError` naming the file) a run directory that cannot hold, or resume, a run of `config`."
     rd = RunDir(run_dir)
-    _check_writable(rd.path)
+    check_writable(rd.path)
     if rd.config.exists():
         record = read_json(rd.config)
         if not _is_run_record(record): raise ValueError(f"{rd.config} is not a run record of this package (no configuration and environment); choose another --run-dir")

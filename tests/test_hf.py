@@ -209,3 +209,63 @@ def test_task_metrics_on_a_backbone(data, tmp_path):
     for k in ("valid_rate", "answer_rate", "alignment_controlled", "forced_answer_rate", "coverage_mean", "coverage_full_rate"):
         assert 0 <= m[f"gen_{k}"] <= 1, k
     with pytest.raises(SystemExit): hf_train_main(_args(d, tmp_path / "bad", "--regime", "early"))  # a regime needs a task
+
+
+def _refused(argv, capsys):
+    "Exit status and last stderr line of a refused hf_train_main."
+    with pytest.raises(SystemExit) as e: hf_train_main(argv)
+    return e.value.code, capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_backbone_without_tokenizer_files_weights_or_a_readable_config_is_refused_before_anything_is_written(data, tmp_path, capsys):
+    d, _, _ = data
+    cases = {"no-tokenizer": (lambda p: [f.unlink() for f in p.iterdir() if "token" in f.name or f.name == "vocab.json"], "its tokenizer"),
+             "no-weights": (lambda p: [f.unlink() for f in p.glob("model.safetensors")], "holds no weights"),
+             "broken-config": (lambda p: (p / "config.json").write_text("{ broken"), "its config.json cannot be read")}
+    for name, (damage, message) in cases.items():
+        shutil.copytree(d / "gpt2", tmp_path / name); damage(tmp_path / name)
+        argv = _args(d, tmp_path / f"run-{name}"); argv[1] = str(tmp_path / name)
+        code, line = _refused(argv, capsys)
+        assert code == 2 and message in line and str(tmp_path / name) in line, line
+        assert not (tmp_path / f"run-{name}").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--task", "visiting_order", "--regime", "bogus"], "--regime bogus is not a preset of task visiting_order"),
+    (["--task", "sorting"], "are valid sorting traces; is the data exported from that task?"),
+    (["--lora-targets", "c_attn,no_such_module"], "--lora-targets no_such_module: no such module in the backbone"),
+    (["--stop-after", "-1"], "--stop-after must be >= 1, got -1"),
+])
+def test_hf_inputs_that_cannot_work_are_refused_before_anything_is_written(data, tmp_path, capsys, extra, message):
+    d, _, _ = data
+    code, line = _refused(_args(d, tmp_path / "run", *extra), capsys)
+    assert code == 2 and message in line, line
+    assert not (tmp_path / "run").exists()
+
+
+def test_hf_long_prompts_bad_run_dirs_and_damaged_files_are_named(data, tmp_path, capsys):
+    d, task, _ = data
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt": " ".join(["1"] * 300), "response": "1"}) + "\n" + (d / "train.jsonl").read_text())
+    argv = _args(d, tmp_path / "run"); argv[argv.index("--data") + 1] = str(long)
+    code, line = _refused(argv, capsys)
+    assert code == 2 and "training record 1: 310 tokens with the layout, over the backbone's context of 256" in line and not (tmp_path / "run").exists()
+    bad = tmp_path / "bytes.jsonl"; bad.write_bytes(b'{"prompt": "1 2", "response": "\xff"}\n')
+    argv = _args(d, tmp_path / "run"); argv[argv.index("--data") + 1] = str(bad)
+    assert "bytes.jsonl line 1: not UTF-8 text (byte 0xff" in _refused(argv, capsys)[1]
+    (tmp_path / "f").write_text("x")
+    assert "is a file, not a directory" in _refused(_args(d, tmp_path / "f" / "run"), capsys)[1]
+    run = tmp_path / "made"
+    assert hf_train_main(_args(d, run, "--stop-after", "3")) == 0
+    ck = torch.load(run / "checkpoint.pt", weights_only=True); del ck["step"]; torch.save(ck, run / "checkpoint.pt")
+    assert "checkpoint.pt lacks step" in _refused(_args(d, run), capsys)[1]
+    (run / "checkpoint.pt").unlink(); (run / "log.jsonl").unlink()
+    (run / "reference_scale.json").write_text('{"world_size": 1}')
+    assert "reference_scale.json holds no positive c_theta" in _refused(_args(d, run), capsys)[1]
+
+
+def test_hf_force_leaves_a_directory_whose_config_json_is_not_a_run_alone(data, tmp_path, capsys):
+    d, _, _ = data
+    (tmp_path / "config.json").write_text('{"lr": 0.1}')
+    code, line = _refused(_args(d, tmp_path, "--force"), capsys)
+    assert code == 2 and "is not a run directory" in line and (tmp_path / "config.json").read_text() == '{"lr": 0.1}'
