@@ -34,7 +34,7 @@ from .metrics import (MetricsConfig, alignment_record, code_perplexity, entropy,
 from .model import Batch, EncodedExamples, layout_tokens, response_nll
 from .objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig, objectives
 from .runs import (LR_SCHEDULES, RunDir, TrainConfig, atomic_torch_save, atomic_write_bytes, atomic_write_json, environment_record, load_checkpoint, read_json,
-                   check_writable, read_log, resolve_device, truncate_log)
+                   check_writable, exclusive_run_dir, read_log, resolve_device, truncate_log)
 from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, batch_indices
 from .train import TASKS, objective_terms, task_from_args
@@ -746,6 +746,8 @@ def hf_train(run: HFRun, stop_after: int | None = None, progress: bool = False) 
     if main:
         truncate_log(rd.log, start); log = open(rd.log, "a")
         if start == 0: log.write(json.dumps({"step": 0, "split": "eval", **evaluate(0)}) + "\n")  # the inert start, measured
+        elif (start % tc.eval_every == 0 or start == tc.steps) and not any(r.get("split") == "eval" and r["step"] == start for r in read_log(rd.log)):
+            log.write(json.dumps({"step": start, "split": "eval", **evaluate(start)}) + "\n")  # lost to a torn last line: the checkpoint is that step's model
     try:
         model.train()
         for step in steps:
@@ -844,25 +846,27 @@ def hf_train_main(argv: list[str] | None = None) -> int:
     import shlex, sys
     parser = build_hf_parser()
     a = parser.parse_args(argv)
-    rd = RunDir(a.run_dir)
+    rd, held = RunDir(a.run_dir), contextlib.ExitStack()
     main = int(os.environ.get("RANK", "0")) == 0
     try:
         if not a.run_dir.strip(): raise ValueError("--run-dir must name a directory, got an empty string")
         if a.stop_after is not None and a.stop_after < 1: raise ValueError(f"--stop-after must be >= 1, got {a.stop_after}")
         config = hf_config_from_args(a)
         check_hf_inputs(config, int(os.environ.get("WORLD_SIZE", "1")))
+        if main: held.enter_context(exclusive_run_dir(rd.path))  # one process per run directory (rank 0 writes), before --force deletes
         if a.force and main and rd.path.is_dir():
             if any(rd.path.iterdir()) and not rd.is_run():
                 raise ValueError(f"--force: {rd.path} is not a run directory (no config.json written by this package); nothing was deleted")
             for name in HF_RUN_FILES: (rd.path / name).unlink(missing_ok=True)
         if main: check_hf_run_dir(rd.path, config)
-    except (ValueError, KeyError) as e: parser.error(str(e))  # exits 2 with one line
+    except (ValueError, KeyError) as e: held.close(); parser.error(str(e))  # exits 2 with one line
     t0 = time.perf_counter()
-    try: final = hf_run(rd.path, config, a.device, a.stop_after, progress=not a.quiet)
-    except (ValueError, FloatingPointError) as e: parser.exit(2, f"{parser.prog}: error: {e}\n")
-    except OSError as e: parser.exit(2, f"{parser.prog}: error: {e.filename or rd.path}: {e.strerror or e}; nothing already written was lost\n")
-    finally:
-        if dist.is_initialized(): dist.destroy_process_group()
+    with held:
+        try: final = hf_run(rd.path, config, a.device, a.stop_after, progress=not a.quiet)
+        except (ValueError, FloatingPointError) as e: parser.exit(2, f"{parser.prog}: error: {e}\n")
+        except OSError as e: parser.exit(2, f"{parser.prog}: error: {e.filename or rd.path}: {e.strerror or e}; nothing already written was lost\n")
+        finally:
+            if dist.is_initialized(): dist.destroy_process_group()
     if main:
         atomic_write_bytes(rd.command, ("basedirected-hf-train " + shlex.join(argv if argv is not None else sys.argv[1:]) + "\n").encode())
         print(f"run directory: {rd.path}  ({time.perf_counter() - t0:.1f} s)")

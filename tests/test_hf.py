@@ -269,3 +269,15 @@ def test_hf_force_leaves_a_directory_whose_config_json_is_not_a_run_alone(data, 
     (tmp_path / "config.json").write_text('{"lr": 0.1}')
     code, line = _refused(_args(d, tmp_path, "--force"), capsys)
     assert code == 2 and "is not a run directory" in line and (tmp_path / "config.json").read_text() == '{"lr": 0.1}'
+
+
+def test_hf_a_torn_final_eval_record_is_written_again_and_a_rerun_clears_temporaries(data, tmp_path):
+    d, _, _ = data
+    run = tmp_path / "run"
+    assert hf_train_main(_args(d, run)) == 0
+    lines = (run / "log.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["split"] == "eval" and json.loads(lines[-1])["step"] == 6
+    (run / "log.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])
+    (run / ".checkpoint.pt.tmp4242").write_bytes(b"half")
+    assert hf_train_main(_args(d, run)) == 0
+    assert read_log(run / "log.jsonl") == [json.loads(l) for l in lines] and not (run / ".checkpoint.pt.tmp4242").exists()
