@@ -244,7 +244,8 @@ def _cell_record(spec: RunSpec, run, final: dict, seconds: float) -> dict:
 def cell_locks(out: Path, specs: list[RunSpec]) -> ExitStack:
     "The locks of `specs`' run directories, held until the returned stack closes: one process trains a cell, a second waits for it."
     stack = ExitStack()
-    for s in specs: stack.enter_context(file_lock(lock_path(out, s.key), f"waiting for another process training {s.key}"))
+    for s in sorted(specs, key=lambda s: s.key):  # one order for every process: two packs that share cells cannot wait on each other
+        stack.enter_context(file_lock(lock_path(out, s.key), f"waiting for another process training {s.key}"))
     return stack
 
 def run_cell(out: Path, spec: RunSpec, device: str = "auto", force: bool = False) -> dict:

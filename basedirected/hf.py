@@ -600,6 +600,8 @@ def check_hf_run_dir(run_dir, config: HFRunConfig):
         ck = load_checkpoint(rd.checkpoint)
         missing = [k for k in ("step", "trainable", "optimizers") if k not in ck]
         if missing: raise ValueError(f"{rd.checkpoint} lacks {', '.join(missing)}; delete it to start the run again, or rerun with --force")
+        bad = [n for n, t in ck["trainable"].items() if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all()]
+        if bad: raise ValueError(f"{rd.checkpoint} holds non-finite weights ({bad[0]}); delete it to start the run again, or rerun with --force")
         step = ck["step"]
         logged = max((r["step"] for r in read_log(rd.log) if r.get("split") == "train"), default=0)
         if logged < step: raise ValueError(f"{rd.log} ends at step {logged}, before {rd.checkpoint} (step {step}): the log is incomplete")

@@ -257,7 +257,11 @@ def test_hf_long_prompts_bad_run_dirs_and_damaged_files_are_named(data, tmp_path
     assert "is a file, not a directory" in _refused(_args(d, tmp_path / "f" / "run"), capsys)[1]
     run = tmp_path / "made"
     assert hf_train_main(_args(d, run, "--stop-after", "3")) == 0
-    ck = torch.load(run / "checkpoint.pt", weights_only=True); del ck["step"]; torch.save(ck, run / "checkpoint.pt")
+    ck = torch.load(run / "checkpoint.pt", weights_only=True)
+    name = next(k for k, t in ck["trainable"].items() if t.is_floating_point())
+    bad = {**ck, "trainable": {**ck["trainable"], name: torch.full_like(ck["trainable"][name], float("nan"))}}; torch.save(bad, run / "checkpoint.pt")
+    assert "checkpoint.pt holds non-finite weights" in _refused(_args(d, run), capsys)[1]
+    del ck["step"]; torch.save(ck, run / "checkpoint.pt")
     assert "checkpoint.pt lacks step" in _refused(_args(d, run), capsys)[1]
     (run / "checkpoint.pt").unlink(); (run / "log.jsonl").unlink()
     (run / "reference_scale.json").write_text('{"world_size": 1}')
