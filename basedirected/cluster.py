@@ -18,15 +18,15 @@ from pathlib import Path
 
 import torch
 
-from .experiments import PRESETS, Preset, RunSpec, _run_pack, _stale, check_base_gate, clear_cells, plan, prepare_shared_base
+from .experiments import PRESETS, Preset, RunSpec, check_base_gate, clear_cells, finished, plan, prepare_shared_base, record_preset, run_pack
 from .groups import pack_groups
 from .model import ModelConfig
-from .runs import RunDir, atomic_write_json, environment_record, read_json
+from .runs import RunDir, atomic_write_json, read_json
 
 # %% auto #0
 __all__ = ['EXECUTORS', 'CLUSTERS', 'ClusterConfig', 'field_comments', 'add_dataclass_options', 'dataclass_from_args', 'PackJob',
-           'finished', 'preset_from_record', 'collect', 'ClusterError', 'resolve_cluster', 'job_resources',
-           'make_executor', 'unfinished_packs', 'record_jobs', 'job_failure', 'watch_jobs', 'submit_sweep']
+           'preset_from_record', 'collect', 'ClusterError', 'resolve_cluster', 'job_resources', 'make_executor',
+           'unfinished_packs', 'record_jobs', 'job_failure', 'watch_jobs', 'submit_sweep']
 
 # %% ../nbs/11a_cluster.ipynb #49dcb7c0
 EXECUTORS = ("pool", "submitit")
@@ -109,7 +109,7 @@ class PackJob:
             # the first job of a base trains it, under the base's lock; the others wait and reuse it
             for s in {(s.regime, s.config.data_seed): s for s in self.specs}.values():
                 check_base_gate(self.preset, s, prepare_shared_base(self.out, s, self.device))
-            _run_pack(self.out, self.specs, self.device, False, self.compile)  # under the cells' locks: a second job of a cell waits, then finds it finished
+            run_pack(self.out, self.specs, self.device, False, self.compile)  # under the cells' locks: a second job of a cell waits, then finds it finished
         finally: torch.set_num_threads(threads)
         return self.keys
 
@@ -117,12 +117,6 @@ class PackJob:
         "The same job again: its cells resume from their checkpoints, so nothing but the steps since the last one is repeated."
         import submitit
         return submitit.helpers.DelayedSubmission(PackJob(self.out, self.preset, self.specs, self.device, self.compile))
-
-# %% ../nbs/11a_cluster.ipynb #7c0cb3ff
-def finished(out: Path, spec: RunSpec) -> bool:
-    "The cell's run finished under its current configuration (`metrics.json` is written last)."
-    rd = RunDir(Path(out) / "runs" / spec.key)
-    return rd.metrics.is_file() and not _stale(rd, spec)
 
 # %% ../nbs/11a_cluster.ipynb #bc330bbe
 def _tuples(x):
@@ -224,8 +218,8 @@ def watch_jobs(live: list,             # (job, pack) pairs already submitted
     try:
         while queue or live:
             while queue and len(live) < parallel: pack = queue.pop(0); live.append((start(pack), pack))
-            done = [(j, p) for j, p in live if j.done()]
-            live = [(j, p) for j, p in live if (j, p) not in done]
+            ended = [j.done() for j, _ in live]
+            done, live = [x for x, e in zip(live, ended) if e], [x for x, e in zip(live, ended) if not e]
             for job, pack in done:
                 bar.update(1)
                 if why := job_failure(job):
@@ -249,7 +243,7 @@ def submit_sweep(out: Path, preset: Preset, cfg: ClusterConfig, device: str = "a
     out = Path(out).resolve(); out.mkdir(parents=True, exist_ok=True)
     specs = plan(preset)
     if force: clear_cells(out, specs)
-    atomic_write_json(out / "preset.json", {"preset": asdict(preset), "environment": environment_record(preset.seeds[0])})
+    record_preset(out, preset)
     queue, ex = unfinished_packs(out, specs, group_size), make_executor(cfg, out, preset, cluster)
     n_cells, n_jobs = sum(map(len, queue)), len(queue)
     print(f"{len(specs) - n_cells} of {len(specs)} cells already finished; {n_cells} to run as {n_jobs} {cluster} jobs "
@@ -266,4 +260,4 @@ def submit_sweep(out: Path, preset: Preset, cfg: ClusterConfig, device: str = "a
         return {"cluster": cluster, "submitted": n_jobs, "failed": [], "missing": [s.key for _, p in live for s in p]}
     parallel = cfg.array_parallelism or max((os.cpu_count() or 1) // job_resources(cfg, preset, cluster)["cpus_per_task"], 1)
     failed = watch_jobs(live, queue, start, parallel, cfg.poll_s, progress, cancel_on_interrupt=cluster == "local")
-    return {"cluster": cluster, "submitted": n_jobs, "failed": failed, "missing": collect(out, preset)[1]}
+    return {"cluster": cluster, "submitted": n_jobs, "failed": failed, "missing": [s.key for s in specs if not finished(out, s)]}

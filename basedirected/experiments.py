@@ -30,7 +30,8 @@ from .groups import pack_groups, train_group
 
 # %% auto #0
 __all__ = ['PRESETS', 'Preset', 'RunSpec', 'cell_argv', 'plan', 'plan_cost', 'base_dir', 'lock_path', 'prepare_shared_base',
-           'check_base_gate', 'clear_cells', 'cell_locks', 'run_cell', 'run_group_cells', 'die_with_parent', 'execute']
+           'check_base_gate', 'clear_cells', 'finished', 'record_preset', 'cell_locks', 'run_cell', 'run_group_cells',
+           'run_pack', 'die_with_parent', 'execute']
 
 # %% ../nbs/11_experiments.ipynb #7ef9c87a
 @dataclass(frozen=True)
@@ -213,6 +214,15 @@ def _stale(rd: RunDir, spec: RunSpec) -> bool:
     "The run directory holds a run made under another configuration."
     return rd.config.exists() and read_json(rd.config).get("config") != json.loads(json.dumps(spec.config.to_dict()))
 
+def finished(out: Path, spec: RunSpec) -> bool:
+    "The cell's run finished under its current configuration (`metrics.json` is written last)."
+    rd = RunDir(Path(out) / "runs" / spec.key)
+    return rd.metrics.is_file() and not _stale(rd, spec)
+
+def record_preset(out: Path, preset: Preset) -> None:
+    "`preset.json`: the sweep's grid and environment, written before any cell (`--collect` rebuilds the preset from it)."
+    atomic_write_json(Path(out) / "preset.json", {"preset": asdict(preset), "environment": environment_record(preset.seeds[0])})
+
 def _open_cell(out: Path, spec: RunSpec, force: bool) -> RunDir | dict:
     "The cell's run directory, ready to train (its base copied in, its command written), or its metrics if it already finished."
     rd = RunDir(Path(out) / "runs" / spec.key)
@@ -282,7 +292,7 @@ def _run_group_cells(out: Path, specs: list[RunSpec], device: str, force: bool, 
     if failed: raise failed[0]  # the others are finished and written; a failed run stops the sweep, as alone
     return [records[i] for i in range(len(specs))]
 
-def _run_pack(out: Path, specs: list[RunSpec], device: str, force: bool, compile: bool) -> list[dict]:
+def run_pack(out: Path, specs: list[RunSpec], device: str, force: bool, compile: bool) -> list[dict]:
     "The metrics of one pack of cells: a single cell alone (`run_cell`), several as a group (`run_group_cells`)."
     if len(specs) == 1: return [run_cell(out, specs[0], device, force)]
     return run_group_cells(out, specs, device, force, compile)
@@ -307,7 +317,7 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     specs = plan(preset)
     if force: clear_cells(out, specs)
-    atomic_write_json(out / "preset.json", {"preset": asdict(preset), "environment": environment_record(preset.seeds[0])})
+    record_preset(out, preset)
     from tqdm.auto import tqdm
     shared = {(s.regime, s.config.data_seed): s for s in specs}
     packs = pack_groups([s.config for s in specs], group_size)
@@ -319,7 +329,7 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
         bar = tqdm(total=len(specs), desc="runs", disable=not progress)
         for pack, dev in zip(packs, devices):
             bar.set_postfix_str(specs[pack[0]].key + (f" (+{len(pack) - 1} in its group)" if len(pack) > 1 else ""))
-            records.update(zip(pack, _run_pack(out, [specs[i] for i in pack], dev, force, compile))); bar.update(len(pack))
+            records.update(zip(pack, run_pack(out, [specs[i] for i in pack], dev, force, compile))); bar.update(len(pack))
     else:
         ctx = torch.multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
@@ -334,7 +344,7 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
                     key = (specs[i].regime, specs[i].config.data_seed)
                     gate = bases[key].result()
                     if key not in checked: check_base_gate(preset, shared[key], gate); checked.add(key)
-                futures.append((pack, pool.submit(_run_pack, out, [specs[i] for i in pack], dev, force, compile)))
+                futures.append((pack, pool.submit(run_pack, out, [specs[i] for i in pack], dev, force, compile)))
             for pack, f in futures: records.update(zip(pack, f.result())); bar.update(len(pack))
     bar.close()
     return [records[i] for i in range(len(specs))]
