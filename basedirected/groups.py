@@ -23,7 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .base import SurprisalCache
 from .conventions import trusted_values
 from .cvae import exact_posterior
-from .model import Batch, Rows
+from .model import Batch, Block, Rows, causal_attention
 from .objective import loss_reference_weights, loss_token_weights, term_token_weights
 from .reconstruction import TERM_NAMES
 from .runs import Run, RunConfig, atomic_write_json, load_checkpoint, truncate_log
@@ -31,7 +31,8 @@ from .tasks import epoch_permutation
 from .train import NonFiniteError, _checkpoint, _json_safe, _watch, evaluate
 
 # %% auto #0
-__all__ = ['GROUP_FREE_FIELDS', 'ATTENTION_BACKENDS', 'group_key', 'pack_groups', 'TokenWeightTable', 'GroupAdamW', 'RunGroup',
+__all__ = ['GROUP_FREE_FIELDS', 'GROUP_PRECISIONS', 'ATTENTION_BACKENDS', 'group_key', 'pack_groups', 'TokenWeightTable',
+           'GroupAdamW', 'default_group_precision', 'compute_copy', 'FoldedAttention', 'folded_attention', 'RunGroup',
            'train_group']
 
 # %% ../nbs/10b_groups.ipynb #7949a250
@@ -144,11 +145,58 @@ class GroupAdamW:
             mine["exp_avg"][run] = st["exp_avg"]
             mine["exp_avg_sq"][run] = st["exp_avg_sq"]
 
+# %% ../nbs/10b_groups.ipynb #bfdb7151
+GROUP_PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+def default_group_precision(device: torch.device | str,  # the group's device
+                           ) -> str:                     # a key of GROUP_PRECISIONS
+    "bfloat16 on CUDA (where a run alone trains under bf16 autocast), float32 elsewhere."
+    return "bfloat16" if torch.device(device).type == "cuda" else "float32"
+
+def compute_copy(params: dict[str, torch.Tensor],  # float32 master parameters (leaves, stacked or not)
+                 dtype: torch.dtype,               # the dtype the forward and backward run in
+                ) -> dict[str, torch.Tensor]:      # differentiable casts: their gradients reach the masters in float32
+    "The parameters the step computes with (Equation G1): each floating master cast to `dtype`, the others as they are."
+    if dtype == torch.float32: return params
+    return {k: p.to(dtype) if p.is_floating_point() else p for k, p in params.items()}
+
+# %% ../nbs/10b_groups.ipynb #7ab7f11e
+class FoldedAttention(torch.autograd.Function):
+    "`causal_attention` that `vmap` calls once for every run: the run dimension folded into the batch (Equation G2)."
+    @staticmethod
+    def forward(q, k, v, attn_mask): return causal_attention(q, k, v, attn_mask)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:3]); ctx.attn_mask = inputs[3]
+
+    @staticmethod
+    def backward(ctx, grad):
+        # reached only outside vmap (a direct call, or a compiled graph that traces the forward): recompute and differentiate
+        q, k, v = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+        with torch.enable_grad(): out = causal_attention(q, k, v, ctx.attn_mask)
+        return (*torch.autograd.grad(out, (q, k, v), grad), None)
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, v, attn_mask):
+        # the unbatched tensors, each with its run dimension first, folded into the batch: one kernel call for N runs;
+        # what this calls is recorded by autograd as it is, so the backward is the kernel's own
+        n = info.batch_size
+        def fold(t, dim):
+            if t is None: return None
+            t = t.movedim(dim, 0) if dim is not None else t.expand(n, *t.shape)
+            return t.reshape(n * t.shape[1], *t.shape[2:])
+        out = causal_attention(*(fold(t, d) for t, d in zip((q, k, v, attn_mask), in_dims)))
+        return out.view(n, -1, *out.shape[1:]), 0
+
+def folded_attention(q, k, v, attn_mask=None):
+    "`Block.attention` inside a group: as `causal_attention` on each run, in one call for all of them under `vmap`."
+    return FoldedAttention.apply(q, k, v, attn_mask)
+
 # %% ../nbs/10b_groups.ipynb #68d7b786
-# the unfused attention is the default: plain batched matrix products, which vmap batches over runs like any other op.
-# CUDA's memory-efficient kernel fails in its vmapped backward ("LSE is not correctly aligned"), flash and cuDNN take no
-# float32 (and autocast does not reach inside vmap), and the CPU's flash kernel has no vmap rule (it loops over runs);
-# at these lengths (tens of tokens) the score matrices are small
+# SDPA backends a group may be restricted to; with its runs folded into one call (FoldedAttention) it lets SDPA choose, as a
+# run alone does. Left to vmap's batching, only the unfused one is safe: CUDA's memory-efficient kernel fails in its vmapped
+# backward ("LSE is not correctly aligned") and the CPU's flash kernel has no batching rule (vmap loops over the runs)
 ATTENTION_BACKENDS = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                       "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
@@ -188,8 +236,11 @@ class _SeedData:
 
 class RunGroup:
     "N prepared runs that share a `group_key`, trained together: stacked parameters, one vmapped step, `GroupAdamW`."
-    def __init__(self, runs: list[Run], compile: bool = False,
-                 attention: tuple[str, ...] = ("math",)):  # SDPA backends allowed in the vmapped step (ATTENTION_BACKENDS)
+    def __init__(self, runs: list[Run],                     # prepared runs sharing a group_key, on one device
+                 compile: bool = False,                     # compile the vmapped step (torch.compile)
+                 attention: tuple[str, ...] | None = None,  # SDPA backends allowed (ATTENTION_BACKENDS); None: all when folded, else math
+                 precision: str | None = None,              # GROUP_PRECISIONS key of the forward and backward; None: default_group_precision
+                 fold_attention: bool = True):              # one attention call for every run (FoldedAttention), not vmap's batching
         keys = {group_key(r.config) for r in runs}
         if not runs: raise ValueError("a group needs at least one run")
         if None in keys: raise ValueError("a run whose reference is recomputed each step trains alone, not in a group")
@@ -208,6 +259,12 @@ class RunGroup:
         self.free_bits = torch.tensor([r.config.train.free_bits for r in runs], device=self.device)
         self.params, self.buffers = stack_module_state([r.model for r in runs])
         self.template = copy.deepcopy(runs[0].model).to("meta")  # the architecture, without weights: functional_call supplies them
+        if fold_attention:
+            for block in self.template.modules():
+                if isinstance(block, Block): block.attention = folded_attention
+        precision = default_group_precision(self.device) if precision is None else precision
+        if precision not in GROUP_PRECISIONS: raise ValueError(f"precision must be one of {', '.join(GROUP_PRECISIONS)}, got {precision!r}")
+        self.precision, self.dtype = precision, GROUP_PRECISIONS[precision]
         self.continuous = runs[0].config.cvae.latent == "continuous"
         self.dimension_free_bits = self.tc.free_bits_mode == "dimension"
         self.exact = not self.continuous and runs[0].config.cvae.posterior != "amortized"
@@ -220,6 +277,7 @@ class RunGroup:
         self.compiled = compile
         if compile: self._forward = torch.compile(self._forward, dynamic=False)
         self._perms = {}
+        if attention is None: attention = tuple(ATTENTION_BACKENDS) if fold_attention else ("math",)
         unknown = [a for a in attention if a not in ATTENTION_BACKENDS]
         if unknown: raise ValueError(f"attention backends must be among {', '.join(ATTENTION_BACKENDS)}, got {unknown[0]!r}")
         self.attention = [ATTENTION_BACKENDS[a] for a in attention]
@@ -285,11 +343,12 @@ class RunGroup:
                 "gen_ids": d.gen_ids[s, at, :Lg], "gen_mask": d.gen_mask[s, at, :Lg], "gen_start": d.gen_start[s, at],
                 "response_len": d.response_len[s, at], "latent_position": d.latent_position[s, at]}
         W, M, stats = self.loss_table[run, at, :T], self.term_table[run, at, :, :T], self.stats_table[run, at]
-        # autocast does not reach inside vmap (ops on batched tensors run in the parameters' float32 whatever the context),
-        # so on CUDA the group's matrix products use TF32 tensor cores instead, for its forward and backward alike
-        with trusted_values(), _tf32(self.device.type == "cuda"):
+        # autocast does not reach inside vmap, so the step computes with an explicit copy of the masters in its dtype (G1);
+        # a float32 group on CUDA takes its matrix products on TF32 tensor cores, forward and backward alike
+        with trusted_values(), _tf32(self.device.type == "cuda" and self.dtype == torch.float32):
             with sdpa_kernel(self.attention):
-                losses, values = self._forward(self.params, self.buffers, rows, W, M, beta, self.free_bits, self._noise(step), (T, P, C))
+                losses, values = self._forward(compute_copy(self.params, self.dtype), self.buffers, rows, W, M, beta, self.free_bits,
+                                               self._noise(step), (T, P, C))
             self.opt.zero_grad()
             losses.sum().backward()
         grads = [p.grad.flatten(1) for p in self.params.values() if p.grad is not None]
@@ -311,7 +370,8 @@ class RunGroup:
             if failed: records.append({**head, "skipped": failed}); continue
             vals = {**{k: vals[k] for k in TERM_NAMES}, **dict(zip(("base_mean", "kappa_mean", "kappa_max", "inverse_kappa_mean"), stat)),
                     **{k: v for k, v in vals.items() if k not in TERM_NAMES}}
-            records.append({**head, "grad_norm": grad_norm, **vals, "examples_per_s": self.batch_size / elapsed, "group_size": self.n})
+            records.append({**head, "grad_norm": grad_norm, **vals, "examples_per_s": self.batch_size / elapsed, "group_size": self.n,
+                            "precision": self.precision})
         return records
 
     @torch.no_grad()
@@ -338,6 +398,7 @@ def train_group(runs: list[Run],                # prepared runs sharing a group_
                 progress: bool = False,
                 stop_after: int | None = None,  # stop after this many steps (as if interrupted)
                 compile: bool = False,          # compile the vmapped step (torch.compile)
+                precision: str | None = None,   # GROUP_PRECISIONS key of the step (None: bf16 on CUDA, else float32)
                ) -> list[dict | NonFiniteError]:  # each run's final held-out terms, or the error that stopped it
     "Train `runs` as one `RunGroup`; each run's log, checkpoints and `eval.json` are those `train_run` writes for it alone."
     tc = runs[0].config.train
@@ -350,7 +411,7 @@ def train_group(runs: list[Run],                # prepared runs sharing a group_
         raise ValueError(f"the runs of a group must resume from one step, got checkpoints at steps {sorted(set(starts))}; group them by step")
     start, end = starts[0], tc.steps if stop_after is None else min(tc.steps, stop_after)
     for r in runs: truncate_log(r.dir.log, start); r.model.train()
-    group = RunGroup(runs, compile)
+    group = RunGroup(runs, compile, precision=precision)
     group.load_optimizer_states(states)
     watches = [(deque(maxlen=50), {"skipped": 0, "warned": False}) for _ in runs]
     stopped: dict[int, NonFiniteError] = {}

@@ -16,8 +16,8 @@ from .surprisal import token_surprisal
 from .tasks import Example, Vocab
 
 # %% auto #0
-__all__ = ['CausalLM', 'ModelConfig', 'Block', 'TinyCausalLM', 'layout_tokens', 'Batch', 'collate', 'gather_response',
-           'response_nll', 'Rows', 'EncodedExamples', 'as_rows']
+__all__ = ['CausalLM', 'ModelConfig', 'causal_attention', 'Block', 'TinyCausalLM', 'layout_tokens', 'Batch', 'collate',
+           'gather_response', 'response_nll', 'Rows', 'EncodedExamples', 'as_rows']
 
 # %% ../nbs/06_model.ipynb #a4b20416
 @runtime_checkable
@@ -43,8 +43,17 @@ class ModelConfig:
         if self.d_model % self.n_heads: raise ValueError(f"d_model must be divisible by n_heads ({self.n_heads}), got {self.d_model}")
     def to_dict(self): return asdict(self)
 
+def causal_attention(q, k, v,          # (B, H, L, d_head) queries, keys and values
+                     attn_mask=None):  # (B, 1, L, L) bool, True where a query may attend a key; None: causal
+    "Scaled dot-product attention: causal (the fused kernels) without a mask, else the packed layout's own mask."
+    if attn_mask is None: return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+
 class Block(nn.Module):
     "Pre-norm transformer block: causal self-attention and an MLP, each on a residual branch."
+    # attention has no parameters, so it is replaceable: a group of runs folds its run dimension into one call (notebook 10b)
+    attention = staticmethod(causal_attention)
+
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.n_heads = c.n_heads
@@ -55,8 +64,7 @@ class Block(nn.Module):
     def forward(self, x, attn_mask=None):
         B, L, D = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-        a = (F.scaled_dot_product_attention(q, k, v, is_causal=True) if attn_mask is None  # causal: the fast kernel
-             else F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask))            # a packed layout's own mask
+        a = self.attention(q, k, v, attn_mask)
         x = x + self.proj(a.transpose(1, 2).reshape(B, L, D))
         return x + self.mlp(self.ln2(x))
 

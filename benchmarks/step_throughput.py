@@ -14,10 +14,14 @@ FLOP utilisation: 6 x backbone parameters x tokens per step, against the chip's 
 for H100/H200). Ratios are within one run of this script, so machine noise affects them less than absolute figures.
 Then, for groups of N runs trained in one process (`basedirected.groups.RunGroup`: stacked parameters, one vmapped step,
 AdamW per run; the runs differ in beta and code noise), milliseconds per group step, run-steps/min (N steps per group
-step), examples/s, tokens/s, model TFLOP/s and utilisation, and peak memory; on CUDA (or --compile) one group size also
-compiled, with its compile time.
+step), examples/s, tokens/s, model TFLOP/s and its share of the dense bf16 peak, and peak memory, for every group size in
+every precision (bf16 and float32 on CUDA), eager and compiled (on CUDA, or --compile), with the compile time; then, for
+the largest group, attention left to vmap's batching (unfolded) and shared-prefix enumeration (a masked attention).
+On one GPU, the groups alone:
 
-    python benchmarks/step_throughput.py [--steps 30] [--device auto] [--compile] [--group-sizes 1,8,64] [--out bench.json]
+    python benchmarks/step_throughput.py --parts groups --out groups.json
+
+    python benchmarks/step_throughput.py [--steps 30] [--device auto] [--compile] [--group-sizes 1,64,128,256] [--out bench.json]
 
 The base model is randomly initialized (throughput does not depend on training); nothing is written unless --out.
 """
@@ -135,8 +139,11 @@ def main():
     p.add_argument("--steps", type=int, default=30); p.add_argument("--device", default="auto"); p.add_argument("--out", default=None)
     p.add_argument("--compile", action="store_true", help="also time compiled backbones (default on CUDA)")
     p.add_argument("--sizes", default="quick,paper"); p.add_argument("--peak-tflops", type=float, default=None)
-    p.add_argument("--group-sizes", default=None, help="runs per group (default: 1,8,64 on CUDA, 1,4 on a CPU)")
-    p.add_argument("--compiled-group", type=int, default=None, help="the group size also timed compiled (default: the largest)")
+    p.add_argument("--group-sizes", default=None, help="runs per group (default: 1,64,128,256 on CUDA, 1,4 on a CPU)")
+    p.add_argument("--precisions", default=None, help="the group step's precisions (default: bfloat16,float32 on CUDA, float32 on a CPU)")
+    p.add_argument("--compiled-groups", default=None, help="group sizes also timed compiled: a list or 'all' (default: all on CUDA or with --compile, none on a CPU)")
+    p.add_argument("--group-variants", default="unfolded,shared", help="also timed for the largest group in the first precision: "
+                   "unfolded (vmap batches attention itself), shared (shared-prefix enumeration: a masked attention)")
     p.add_argument("--attention-variants", default="", help="SDPA backends (flash, cudnn, efficient, math) also timed for the largest group")
     p.add_argument("--parts", default="single,groups", help="what to time: single (one run, every variant), groups (N-run groups)")
     a = p.parse_args()
@@ -193,39 +200,48 @@ def main():
                   + (f"; {r['model_tflops']:.2f} TFLOP/s" + (f" = {100 * r['mfu']:.2f}% of {peak:.0f}" if peak else "") if device.type == "cuda" else "")
                   + (f"; peak memory {peak_mem:.0f} MiB; {n_sync:.1f} host syncs/step" if device.type == "cuda" else ""), flush=True)
     groups = []
-    sizes_n = [int(n) for n in (a.group_sizes or ("1,8,64" if device.type == "cuda" else "1,4")).split(",")] if "groups" in a.parts else []
-    compiled_n = a.compiled_group if a.compiled_group is not None else (max(sizes_n) if do_compile and sizes_n else None)  # 0: none
-    for size in a.sizes.split(","):
+    cuda = device.type == "cuda"
+    sizes_n = [int(n) for n in (a.group_sizes or ("1,64,128,256" if cuda else "1,4")).split(",")] if "groups" in a.parts else []
+    precisions = (a.precisions or ("bfloat16,float32" if cuda else "float32")).split(",")
+    compiled_ns = sizes_n if a.compiled_groups == "all" else [int(n) for n in a.compiled_groups.split(",") if n] if a.compiled_groups else (sizes_n if do_compile else [])
+    for size in a.sizes.split(",") if sizes_n else []:
         run = make_run(size, "exact", device)
         tokens = tokens_per_step(run)
         params = sum(p.numel() for p in run.model.generator.parameters())
-        variants = [(n, c, None) for n in sizes_n for c in ((False, True) if n == compiled_n else (False,))]
-        variants += [(max(sizes_n), False, (v,)) for v in a.attention_variants.split(",") if v]
-        for n, compiled, attention in variants:
-            if True:
-                if device.type == "cuda": torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats(device)
-                try:
-                    group = RunGroup(group_of(run, n), compile=compiled, **({"attention": attention} if attention else {}))
-                    t0 = time.perf_counter(); group.step(0); sync(device)
-                    first = time.perf_counter() - t0  # compiled: tracing and code generation
-                    t = timed(lambda s: json.dumps(group.step(s)), a.steps, device, warmup=10 if compiled else 3)
-                except (RuntimeError, torch.OutOfMemoryError) as e:  # a size the device cannot take: said, not fatal
-                    print(f"{size:5s} group of {n:4d}{' compiled' if compiled else ''} {attention or ''}: failed: {str(e).splitlines()[0][:200]}", flush=True)
-                    groups.append({"size": size, "runs": n, "compiled": compiled, "error": str(e).splitlines()[0][:500]})
-                    group = None; continue
-                g = {"size": size, "posterior": "exact", "runs": n, "compiled": compiled, "attention": attention or "default", "compile_s": first if compiled else None,
-                     "ms_per_group_step": 1e3 * t, "run_steps_per_min": 60 * n / t, "examples_per_s": n * run.config.train.batch_size / t,
-                     "tokens_per_s": n * tokens / t, "model_tflops": 6 * params * tokens * n / t / 1e12,
-                     "peak_memory_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None}
-                g["mfu"] = g["model_tflops"] / peak if peak else None
-                groups.append(g)
-                label = " compiled" if compiled else f" {attention[0]:8s}" if attention else "         "
-                print(f"{size:5s} group of {n:4d}{label}: {g['ms_per_group_step']:8.2f} ms/group step, "
-                      f"{g['run_steps_per_min']:9.0f} run-steps/min, {g['examples_per_s']:9.0f} examples/s, {g['tokens_per_s']:11.0f} tokens/s, "
-                      f"{g['model_tflops']:.2f} TFLOP/s" + (f" = {100 * g['mfu']:.2f}% of peak" if peak else "")
-                      + (f"; compile {first:.0f} s" if compiled else "")
-                      + (f"; peak memory {g['peak_memory_mib']:.0f} MiB" if device.type == "cuda" else ""), flush=True)
-                del group
+        # every size in every precision, eager and (where asked) compiled; then, for the largest group in the first precision,
+        # vmap's own batching of attention (unfolded), shared-prefix enumeration (a masked attention) and restricted SDPA backends
+        variants = [dict(runs=n, precision=pr, compiled=c) for pr in precisions for n in sizes_n for c in ((False, True) if n in compiled_ns else (False,))]
+        top = dict(runs=max(sizes_n), precision=precisions[0], compiled=False)
+        variants += [{**top, "variant": v} for v in a.group_variants.split(",") if v]
+        variants += [{**top, "variant": v, "attention": (v,)} for v in a.attention_variants.split(",") if v]
+        for v in variants:
+            n, compiled, label = v["runs"], v["compiled"], v.get("variant", "compiled" if v["compiled"] else "eager")
+            if cuda: torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats(device)
+            try:
+                members = group_of(run, n)
+                if label == "shared":
+                    for r in members: r.model.shared_prefix = True
+                group = RunGroup(members, compile=compiled, precision=v["precision"], fold_attention=label != "unfolded",
+                                 **({"attention": v["attention"]} if "attention" in v else {}))
+                t0 = time.perf_counter(); group.step(0); sync(device)
+                first = time.perf_counter() - t0  # compiled: tracing and code generation
+                t = timed(lambda s: json.dumps(group.step(s)), a.steps, device, warmup=10 if compiled else 3)
+            except (RuntimeError, torch.OutOfMemoryError) as e:  # a size the device cannot take: said, not fatal
+                print(f"{size:5s} group of {n:4d} {v['precision']:8s} {label:9s}: failed: {str(e).splitlines()[0][:200]}", flush=True)
+                groups.append({"size": size, **v, "variant": label, "error": str(e).splitlines()[0][:500]})
+                group = None; continue
+            g = {"size": size, "posterior": "exact", **v, "variant": label, "compile_s": first if compiled else None,
+                 "ms_per_group_step": 1e3 * t, "run_steps_per_min": 60 * n / t, "examples_per_s": n * run.config.train.batch_size / t,
+                 "tokens_per_s": n * tokens / t, "model_tflops": 6 * params * tokens * n / t / 1e12,
+                 "peak_memory_mib": torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None}
+            g["mfu"] = g["model_tflops"] / peak if peak else None
+            groups.append(g)
+            print(f"{size:5s} group of {n:4d} {v['precision']:8s} {label:9s}: {g['ms_per_group_step']:8.2f} ms/group step, "
+                  f"{g['run_steps_per_min']:9.0f} run-steps/min, {g['examples_per_s']:9.0f} examples/s, {g['tokens_per_s']:11.0f} tokens/s, "
+                  f"{g['model_tflops']:.2f} TFLOP/s" + (f" = {100 * g['mfu']:.2f}% of the bf16 peak" if peak else "")
+                  + (f"; compile {first:.0f} s" if compiled else "")
+                  + (f"; peak memory {g['peak_memory_mib'] / 1024:.1f} GiB" if cuda else ""), flush=True)
+            del group
     env = {"device": str(device), "cuda": name, "peak_bf16_tflops": peak, "torch": torch.__version__,
            "threads": torch.get_num_threads(), "machine": platform.machine(), "python": platform.python_version()}
     print(json.dumps(env))

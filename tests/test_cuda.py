@@ -100,16 +100,18 @@ def test_a_training_step_reads_the_device_once(base_dir, tmp_path, latent, poste
     assert len(syncs) <= 4, syncs
 
 
+@pytest.mark.parametrize("precision", ["bfloat16", "float32"])
 @pytest.mark.parametrize("latent,posterior", [("discrete", "exact"), ("discrete", "amortized"), ("continuous", "amortized")])
-def test_a_group_on_cuda_matches_its_runs_alone_on_cuda(base_dir, tmp_path, latent, posterior):
-    "Three runs (two objectives, three betas, one of them 0) trained as one vmapped group on the GPU, and each alone there."
+def test_a_group_on_cuda_matches_its_runs_alone_on_cuda(base_dir, tmp_path, latent, posterior, precision):
+    "Three runs (two objectives, three betas, one of them 0) trained as one vmapped group on the GPU (bf16 with float32 masters, or TF32), and each alone there."
     from basedirected.groups import train_group
     from basedirected.train import train_run
     cells = [("theta", "0.1"), ("celbo", "0.0"), ("celbo_scaled", "0.3")]
     cfgs = [config(*arm_args(latent, posterior), "--objective", o, "--beta", b) for o, b in cells]
     alone = [train_run(prepare_run(seeded(tmp_path / f"alone{i}", base_dir), c, device="cuda")) for i, c in enumerate(cfgs)]
     runs = [prepare_run(seeded(tmp_path / f"group{i}", base_dir), c, device="cuda") for i, c in enumerate(cfgs)]
-    together = train_group(runs)
+    together = train_group(runs, precision=precision)
+    assert all(p.dtype == torch.float32 for r in runs for p in r.model.parameters())
     for i, (a, g) in enumerate(zip(alone, together)):
         first = [next(r for r in read_log(tmp_path / f"{w}{i}" / "log.jsonl") if r["split"] == "train") for w in ("alone", "group")]
         print(cells[i], {k: (first[0][k], first[1][k]) for k in ("loss", "kl", "theta")}, (a["loss"], g["loss"]))

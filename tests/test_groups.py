@@ -8,7 +8,10 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from basedirected.groups import GroupAdamW, RunGroup, group_key, pack_groups, train_group
+from torch.func import vmap
+
+from basedirected.groups import GroupAdamW, RunGroup, folded_attention, group_key, pack_groups, train_group
+from basedirected.model import causal_attention
 from basedirected.runs import RunConfig, prepare_run, read_log
 from basedirected.train import NonFiniteError, build_parser, config_from_args, train_run
 
@@ -93,3 +96,78 @@ def test_a_continuous_group_with_per_dimension_free_bits_is_its_runs_alone(tmp_p
         for ra, rg in zip(la, lg):
             for k, v in ra.items():
                 if isinstance(v, float) and k not in ("examples_per_s",): assert math.isclose(v, rg[k], rel_tol=1e-4, abs_tol=1e-5), (k, v, rg[k])
+
+
+def _members(tmp_path, name, cfgs, source, shared_prefix=False):
+    "Fresh runs of `cfgs` on the base (and scale) of run directory `source`."
+    runs = []
+    for i, c in enumerate(cfgs):
+        d = tmp_path / f"{name}{i}"; d.mkdir()
+        for f in ("base.pt", "reference_scale.json"): shutil.copy(source / f, d / f)
+        r = prepare_run(d, c, "cpu"); r.model.shared_prefix = shared_prefix; runs.append(r)
+    return runs
+
+
+def _train_records(run):
+    return [r for r in read_log(run.dir.log) if r["split"] == "train"]
+
+
+def _largest_relative_difference(a, b, key):
+    return max(abs(x[key] - y[key]) / max(abs(x[key]), 1e-3) for x, y in zip(_train_records(a), _train_records(b)))
+
+
+def test_a_bf16_group_is_its_runs_alone_in_bf16_with_float32_masters(tmp_path):
+    "Three runs (two objectives, three betas, one of them 0) in a bf16 group, against each as a bf16 group of one and alone in float32."
+    cfgs = [tiny(0, 0.1, "theta", steps=6), tiny(0, 0.0, "celbo"), tiny(0, 0.3, "celbo_scaled")]
+    source = prepare_run(tmp_path / "source", cfgs[0], "cpu").dir.path  # one base for all three (seed 0)
+    alone = _members(tmp_path, "alone", cfgs, source)
+    for r in alone: train_run(r)
+    group = _members(tmp_path, "group", cfgs, source)
+    seen = set()  # the dtype every linear layer of the group's forward computes in
+    hooks_on = RunGroup(group, precision="bfloat16")
+    for m in hooks_on.template.modules():
+        if isinstance(m, torch.nn.Linear): m.register_forward_hook(lambda mod, inp, out: seen.add(out.dtype))
+    hooks_on.step(0)
+    assert seen == {torch.bfloat16}
+    group = _members(tmp_path, "group_trained", cfgs, source)
+    train_group(group, precision="bfloat16")
+    ones = [_members(tmp_path, f"one{i}_", [c], source)[0] for i, c in enumerate(cfgs)]
+    for r in ones: train_group([r], precision="bfloat16")
+    for g, one, a in zip(group, ones, alone):
+        assert {r["precision"] for r in _train_records(g)} == {"bfloat16"}
+        for key in ("loss", "recon", "kl", "theta", "std"):
+            assert _largest_relative_difference(g, one, key) < 1e-3, key   # the same bf16 arithmetic, but for the padding
+            assert _largest_relative_difference(g, a, key) < 1e-2, key     # bf16 against float32
+        assert _largest_relative_difference(g, a, "grad_norm") < 2e-2
+        assert _largest_relative_difference(g, a, "loss") > 1e-6           # it did compute in bf16: float32 agrees to ~1e-7
+        ck = torch.load(g.dir.checkpoint, weights_only=False)
+        assert {t.dtype for t in ck["model"].values() if t.is_floating_point()} == {torch.float32}
+        moments = [v for st in ck["optimizer"]["state"].values() for k, v in st.items() if k in ("exp_avg", "exp_avg_sq")]
+        assert moments and {t.dtype for t in moments} == {torch.float32}
+    with pytest.raises(ValueError, match="precision must be one of"): RunGroup(group, precision="float16")
+
+
+def test_a_group_with_shared_prefixes_folds_their_masked_attention_and_is_the_group_without(tmp_path):
+    "Shared-prefix enumeration (a masked attention, folded over runs) gives the causal group's numbers, in float32 to round-off."
+    cfgs = [tiny(0, 0.1, "theta"), tiny(1, 0.3, "celbo")]
+    source = prepare_run(tmp_path / "source", cfgs[0], "cpu").dir.path
+    plain, shared = _members(tmp_path, "plain", cfgs, source), _members(tmp_path, "shared", cfgs, source, shared_prefix=True)
+    train_group(plain); train_group(shared)
+    for a, b in zip(plain, shared):
+        for key in ("loss", "kl", "theta", "grad_norm"): assert _largest_relative_difference(a, b, key) < 1e-4, key
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 4), b=st.integers(1, 3), h=st.integers(1, 2), length=st.integers(1, 7), d=st.sampled_from([2, 4]),
+       masked=st.sampled_from([None, "per run", "shared"]), seed=st.integers(0, 10_000))
+def test_folded_attention_is_attention_run_by_run(n, b, h, length, d, masked, seed):
+    "Under vmap, one folded call equals attention on every run's slice alone, in values and in gradients."
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(3, n, b, h, length, d, generator=g, requires_grad=True)
+    mask = (torch.rand(n, b, 1, length, length, generator=g) > 0.4) | torch.eye(length, dtype=torch.bool)
+    m, dims = {None: (None, None), "per run": (mask, 0), "shared": (mask[0], None)}[masked]
+    out = vmap(folded_attention, in_dims=(0, 0, 0, dims))(*qkv, m)
+    alone = torch.stack([causal_attention(*qkv[:, i], None if m is None else m if dims is None else m[i]) for i in range(n)])
+    weights = torch.randn(out.shape, generator=g)
+    torch.testing.assert_close(out, alone)
+    torch.testing.assert_close(torch.autograd.grad((out * weights).sum(), qkv)[0], torch.autograd.grad((alone * weights).sum(), qkv)[0])
