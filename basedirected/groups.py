@@ -237,7 +237,7 @@ class _SeedData:
 class RunGroup:
     "N prepared runs that share a `group_key`, trained together: stacked parameters, one vmapped step, `GroupAdamW`."
     def __init__(self, runs: list[Run],                     # prepared runs sharing a group_key, on one device
-                 compile: bool = False,                     # compile the vmapped step (torch.compile)
+                 compile: bool | str = False,               # compile the vmapped step: True, or torch.compile's mode (reduce-overhead: CUDA graphs)
                  attention: tuple[str, ...] | None = None,  # SDPA backends allowed (ATTENTION_BACKENDS); None: all when folded, else math
                  precision: str | None = None,              # GROUP_PRECISIONS key of the forward and backward; None: default_group_precision
                  fold_attention: bool = True):              # one attention call for every run (FoldedAttention), not vmap's batching
@@ -274,8 +274,8 @@ class RunGroup:
         self._forward = vmap(self._run_loss, in_dims=(0, 0, 0, 0, 0, 0, 0, 0, None))
         # compiled, every step pads to the split's longest rows: one static shape, one compilation (vmap's batched tensors
         # do not take symbolic sizes, so dynamic shapes would fail and changing widths would recompile)
-        self.compiled = compile
-        if compile: self._forward = torch.compile(self._forward, dynamic=False)
+        self.compiled = bool(compile)
+        if compile: self._forward = torch.compile(self._forward, dynamic=False, mode=None if compile is True else compile)
         self._perms = {}
         if attention is None: attention = tuple(ATTENTION_BACKENDS) if fold_attention else ("math",)
         unknown = [a for a in attention if a not in ATTENTION_BACKENDS]
@@ -397,7 +397,7 @@ class _OptimizerView:
 def train_group(runs: list[Run],                # prepared runs sharing a group_key
                 progress: bool = False,
                 stop_after: int | None = None,  # stop after this many steps (as if interrupted)
-                compile: bool = False,          # compile the vmapped step (torch.compile)
+                compile: bool | str = False,    # compile the vmapped step: True, or torch.compile's mode
                 precision: str | None = None,   # GROUP_PRECISIONS key of the step (None: bf16 on CUDA, else float32)
                ) -> list[dict | NonFiniteError]:  # each run's final held-out terms, or the error that stopped it
     "Train `runs` as one `RunGroup`; each run's log, checkpoints and `eval.json` are those `train_run` writes for it alone."

@@ -142,8 +142,9 @@ def main():
     p.add_argument("--group-sizes", default=None, help="runs per group (default: 1,64,128,256 on CUDA, 1,4 on a CPU)")
     p.add_argument("--precisions", default=None, help="the group step's precisions (default: bfloat16,float32 on CUDA, float32 on a CPU)")
     p.add_argument("--compiled-groups", default=None, help="group sizes also timed compiled: a list or 'all' (default: all on CUDA or with --compile, none on a CPU)")
-    p.add_argument("--group-variants", default="unfolded,shared", help="also timed for the largest group in the first precision: "
-                   "unfolded (vmap batches attention itself), shared (shared-prefix enumeration: a masked attention)")
+    p.add_argument("--group-variants", default=None, help="also timed for the largest group in the first precision: "
+                   "unfolded (vmap batches attention itself), shared (shared-prefix enumeration: a masked attention), "
+                   "cudagraphs (compiled with mode reduce-overhead) (default: all three on CUDA, the first two on a CPU)")
     p.add_argument("--attention-variants", default="", help="SDPA backends (flash, cudnn, efficient, math) also timed for the largest group")
     p.add_argument("--parts", default="single,groups", help="what to time: single (one run, every variant), groups (N-run groups)")
     a = p.parse_args()
@@ -204,6 +205,9 @@ def main():
     sizes_n = [int(n) for n in (a.group_sizes or ("1,64,128,256" if cuda else "1,4")).split(",")] if "groups" in a.parts else []
     precisions = (a.precisions or ("bfloat16,float32" if cuda else "float32")).split(",")
     compiled_ns = sizes_n if a.compiled_groups == "all" else [int(n) for n in a.compiled_groups.split(",") if n] if a.compiled_groups else (sizes_n if do_compile else [])
+    extra = a.group_variants if a.group_variants is not None else "unfolded,shared,cudagraphs" if cuda else "unfolded,shared"
+    unknown = set(extra.split(",")) - {"unfolded", "shared", "cudagraphs", ""}
+    if unknown: p.error(f"--group-variants must be among unfolded, shared, cudagraphs, got {sorted(unknown)[0]!r}")
     for size in a.sizes.split(",") if sizes_n else []:
         run = make_run(size, "exact", device)
         tokens = tokens_per_step(run)
@@ -212,7 +216,7 @@ def main():
         # vmap's own batching of attention (unfolded), shared-prefix enumeration (a masked attention) and restricted SDPA backends
         variants = [dict(runs=n, precision=pr, compiled=c) for pr in precisions for n in sizes_n for c in ((False, True) if n in compiled_ns else (False,))]
         top = dict(runs=max(sizes_n), precision=precisions[0], compiled=False)
-        variants += [{**top, "variant": v} for v in a.group_variants.split(",") if v]
+        variants += [{**top, "variant": v, "compiled": v == "cudagraphs"} for v in extra.split(",") if v]
         variants += [{**top, "variant": v, "attention": (v,)} for v in a.attention_variants.split(",") if v]
         for v in variants:
             n, compiled, label = v["runs"], v["compiled"], v.get("variant", "compiled" if v["compiled"] else "eager")
@@ -221,7 +225,7 @@ def main():
                 members = group_of(run, n)
                 if label == "shared":
                     for r in members: r.model.shared_prefix = True
-                group = RunGroup(members, compile=compiled, precision=v["precision"], fold_attention=label != "unfolded",
+                group = RunGroup(members, compile="reduce-overhead" if label == "cudagraphs" else compiled, precision=v["precision"], fold_attention=label != "unfolded",
                                  **({"attention": v["attention"]} if "attention" in v else {}))
                 t0 = time.perf_counter(); group.step(0); sync(device)
                 first = time.perf_counter() - t0  # compiled: tracing and code generation
