@@ -133,3 +133,7 @@ def check_trace(task: Addition,  # the task (its procedures)
     matches = tuple(s for s in range(len(task.strategies)) if render_trace(task, x, s) == y)
     answer_ok = "=" in y and y[y.index("=") + 1:] == tuple(answer(x).split())
     return TaskCheck(bool(matches), matches, bool(answer_ok))
+
+# %% ../nbs/05d_addition.ipynb #665b3fd4
+# the measurements above: a wider, deeper model on 100,000 distinct inputs (on 20,000 it memorizes which procedure each input was drawn with)
+Addition.base_recipe = {"steps": 8000, "d_model": 128, "n_layers": 3, "n_train": 100000}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import random
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -17,9 +18,9 @@ from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, Task, Vocab, batch_indices, rate_record
 
 # %% auto #0
-__all__ = ['GATE', 'GATE_SAMPLES_PER_INPUT', 'BaseTrainConfig', 'pretrain_base', 'base_training_examples', 'FrozenReference',
-           'SurprisalCache', 'sample_responses', 'response_budget', 'estimate_model_reference_scale', 'gate_failures',
-           'gate_report', 'base_gate', 'trace_log_probs', 'excess_decomposition']
+__all__ = ['GATE', 'GATE_SAMPLES_PER_INPUT', 'BaseTrainConfig', 'pretrain_base', 'base_training_examples', 'redraw_strategies',
+           'FrozenReference', 'SurprisalCache', 'sample_responses', 'response_budget', 'estimate_model_reference_scale',
+           'gate_failures', 'gate_report', 'base_gate', 'trace_log_probs', 'excess_decomposition']
 
 # %% ../nbs/06a_base.ipynb #1f00f362
 @dataclass(frozen=True)
@@ -33,8 +34,9 @@ class BaseTrainConfig:
     null_block_fraction: float = 0.5    # share of each batch laid out with <z> <znull> </z>
     input_overrides: dict = field(default_factory=dict)  # task fields changed for a share of the training inputs (`base_training_examples`)
     override_fraction: float = 0.0      # that share
+    strategy_draws: int = 1             # times each training input is shown, every copy after the first with its strategy drawn again from p(s|x)
     def __post_init__(self):
-        for name in ("steps", "batch_size"):
+        for name in ("steps", "batch_size", "strategy_draws"):
             if getattr(self, name) < 1: raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0: raise ValueError(f"lr must be > 0, got {self.lr}")
         if not 0 <= self.null_block_fraction <= 1: raise ValueError(f"null_block_fraction must lie in [0, 1], got {self.null_block_fraction}")
@@ -83,13 +85,13 @@ def pretrain_base(vocab: Vocab,                     # the run's vocabulary
 # %% ../nbs/06a_base.ipynb #d8914de8
 def base_training_examples(task: Task,                 # the run's task
                            train: list[Example],       # its training examples
-                           config: BaseTrainConfig,    # `input_overrides` and `override_fraction`
+                           config: BaseTrainConfig,    # `input_overrides`, `override_fraction` and `strategy_draws`
                            seed: int,                  # the run's seed
                            held_out: list[Example] = (),  # inputs never to draw
                           ) -> list[Example]:
-    "The base's pre-training examples: `train`, its last `override_fraction` replaced by examples of `task` with `input_overrides` (same $p(y|x)$, other inputs)."
+    "The base's pre-training examples: `train`, its last `override_fraction` replaced by examples of `task` with `input_overrides` (same $p(y|x)$, other inputs), then `strategy_draws - 1` more draws of every input's strategy."
     k = round(config.override_fraction * len(train))
-    if k == 0: return list(train)
+    if k == 0: return redraw_strategies(task, list(train), config.strategy_draws, seed)
     try: other = dataclasses.replace(task, **config.input_overrides)
     except TypeError: raise ValueError(f"input_overrides {config.input_overrides} names a field that task {task.name} does not have") from None
     if other.strategies != task.strategies: raise ValueError("input_overrides must keep the task's strategies: the base learns the task's p(y|x)")
@@ -100,7 +102,20 @@ def base_training_examples(task: Task,                 # the run's task
         draw += 1
     if any(other.strategy_prior(e.x) != task.strategy_prior(e.x) for e in extra):
         raise ValueError("input_overrides must keep the task's prior p(s|x): the base learns the task's p(y|x)")
-    return list(train[:len(train) - k]) + extra[:k]
+    return redraw_strategies(task, list(train[:len(train) - k]) + extra[:k], config.strategy_draws, seed)
+
+def redraw_strategies(task: Task,               # the task whose prior and traces are drawn
+                      examples: list[Example],  # the base's examples, one draw each
+                      draws: int,               # draws per input in all (1: `examples` as they are)
+                      seed: int,                # the run's seed
+                     ) -> list[Example]:
+    "`examples`, then `draws - 1` more copies of their inputs, each with its strategy drawn again from $p(s|x)$ and rendered (Equation B1)."
+    rng, out = random.Random(2**41 + seed), list(examples)  # a stream apart from make_splits' and the overrides'
+    for _ in range(draws - 1):
+        for e in examples:
+            s = rng.choices(range(len(task.strategies)), weights=task.strategy_prior(e.x))[0]
+            out.append(Example(e.x, task.render(e.x, s, rng), s))
+    return out
 
 # %% ../nbs/06a_base.ipynb #97c3813b
 class FrozenReference(nn.Module):

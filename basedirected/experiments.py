@@ -24,8 +24,8 @@ from .model import ModelConfig
 from .objective import OBJECTIVE_NAMES, objectives
 from .runs import (RunConfig, RunDir, atomic_write_bytes, atomic_write_json, environment_record, file_lock, load_checkpoint, prepare_base,
                                prepare_gate, prepare_reference_scale, prepare_run, read_json, remove_temporaries, resolve_device, run_vocab)
-from .tasks import make_splits
-from .train import TASKS, BaseGateError, build_parser, config_from_args, run_metrics, train_run
+from .tasks import Task, make_splits
+from .train import BaseGateError, build_parser, config_from_args, run_metrics, train_run
 from .groups import pack_groups, train_group
 
 # %% auto #0
@@ -36,7 +36,7 @@ __all__ = ['PRESETS', 'Preset', 'RunSpec', 'cell_argv', 'plan', 'plan_cost', 'ba
 # %% ../nbs/11_experiments.ipynb #7ef9c87a
 @dataclass(frozen=True)
 class Preset:
-    "A grid of runs and the sizes they use; a base size left None is each task's own recipe (`BASE_RECIPES`)."
+    "A grid of runs and the sizes they use; a base size left None is each task's own recipe (its class's `base_recipe`)."
     name: str
     objectives: tuple[str, ...]
     about: str = ""                      # one line for `basedirected-repro --help`
@@ -51,6 +51,7 @@ class Preset:
     n_eval: int = 512
     model: ModelConfig | None = None     # the base model (and so every CVAE) size; None: the task's recipe
     base_steps: int | None = None        # None: the task's recipe
+    base_strategy_draws: int | None = None  # draws of each training input's strategy for the base (None: the task's recipe)
     cvae_steps: int = 300
     evals: int = 3                       # held-out evaluations (and checkpoints) per run: the escape curve's points
     batch_size: int = 32
@@ -75,12 +76,12 @@ PRESETS = {
                     n_routed=16, n_forced=8, posteriors=("amortized", "exact"),
                     gate_exceptions=(("early", "a 40-step tiny base: the smoke preset tests the machinery, not the method"),)),
     "quick": Preset("quick", ("theta", "dist", "celbo"), "about 10 min on a 2-core CPU: the study's design on the visiting-order task, "
-                    "one shared 1,500-step base (it fails the gate; the preset says why)",
-                    taus=(0.07, 0.2), seeds=(0, 1, 2), base_seed=0, base_steps=1500, n_eval=256,
+                    "one shared 1,500-step base on one draw per input (it fails the gate; the preset says why)",
+                    taus=(0.07, 0.2), seeds=(0, 1, 2), base_seed=0, base_steps=1500, base_strategy_draws=1, n_eval=256,
                     arms=({"objectives": ("theta", "celbo", "celbo_scaled"), "taus": (), "betas": (0.05,)},
                           {"posteriors": ("amortized",), "objectives": ("theta", "celbo"), "taus": (0.07,)}),
-                    gate_exceptions=(("early", "the quick preset's visiting-order base trains 1,500 steps to fit ten minutes; it fails the "
-                                               "gate's validity criterion, so the quick results are about a CVAE adapted from an imperfect base"),)),
+                    gate_exceptions=(("early", "the quick preset's visiting-order base trains 1,500 steps on one draw per input, not the task's "
+                                               "16,000 on four, to fit ten minutes; it fails the gate's validity criterion, so the quick results are about a CVAE adapted from an imperfect base"),)),
     "study": Preset("study", ("theta", "dist", "celbo"), "the reference answer on a 2-core CPU (about an hour): sorting (10 seeds) and grid "
                     "pathfinding (5 seeds) with gated bases, J_theta against dist and the cELBO at tau 0.07, plus an equal-beta row on sorting",
                     taus=(0.07,), seeds=tuple(range(10)), base_seed=0, regimes=("sorting",), evals=6,
@@ -120,12 +121,13 @@ def cell_argv(preset: Preset, regime: str, latent: str, objective: str, alpha: f
               posterior: str = "exact", K: int = 3, beta: float | None = None, tau: float | None = None) -> list[str]:
     "The `basedirected-train` options of one grid cell (its KL weight as `beta` or as `tau`)."
     every = max(preset.cvae_steps // preset.evals, 1)
-    where = ["--task", regime] if regime in TASKS else ["--regime", regime]  # a task name, or a regime of the visiting-order task
+    where = ["--task", regime] if regime in Task.registry else ["--regime", regime]  # a task name, or a regime of the visiting-order task
     weight = ["--tau", str(tau)] if tau is not None else ["--beta", str(beta)]
     argv = [*where, "--latent", latent, "--objective", objective, *weight, "--seed", str(seed)]
     if preset.base_seed is not None: argv += ["--base-seed", str(preset.base_seed)]
     if preset.n_train is not None: argv += ["--n-train", str(preset.n_train)]
     if preset.base_steps is not None: argv += ["--base-steps", str(preset.base_steps)]
+    if preset.base_strategy_draws is not None: argv += ["--base-strategy-draws", str(preset.base_strategy_draws)]
     if preset.model is not None:
         m = preset.model
         argv += ["--d-model", str(m.d_model), "--n-layers", str(m.n_layers), "--n-heads", str(m.n_heads), "--d-ff", str(m.d_ff), "--max-len", str(m.max_len)]

@@ -5,8 +5,10 @@
 # %% ../nbs/05_tasks.ipynb #9a873353
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import os
 import random
 import sys
 from abc import ABC, abstractmethod
@@ -17,7 +19,7 @@ import torch
 
 # %% auto #0
 __all__ = ['SPECIALS', 'Example', 'TaskCheck', 'wilson_interval', 'rate_record', 'prefix_surprisal', 'Task', 'task_from_dict',
-           'Vocab', 'make_splits', 'epoch_permutation', 'batch_indices', 'example_record', 'export_jsonl']
+           'task_class', 'Vocab', 'make_splits', 'epoch_permutation', 'batch_indices', 'example_record', 'export_jsonl']
 
 # %% ../nbs/05_tasks.ipynb #c7a84b6f
 @dataclass(frozen=True)
@@ -87,6 +89,9 @@ class Task(ABC):
     registry: ClassVar[dict[str, type]] = {}
     strategies: tuple[str, ...]  # strategy names, indexed by s
     deterministic: ClassVar[bool] = False  # True: `render(x, s)` is the only trace of s on x (enables the default profiles)
+    # what the task's base needs to pass the quality gate, set in the task's notebook beside the measurement: any of steps,
+    # d_model, n_layers, n_train, input_overrides, override_fraction, strategy_draws (the rest are BaseTrainConfig's defaults)
+    base_recipe: ClassVar[dict] = {}
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -133,17 +138,34 @@ class Task(ABC):
     def to_dict(self) -> dict: return {"name": self.name, **asdict(self)}
 
 # %% ../nbs/05_tasks.ipynb #224644e7
+def _canonical(cls: type) -> type:
+    "The class `cls`'s module holds now: code that re-executes a task's definition (documentation tools do) registers a second class of the same name, whose instances would never compare equal to the module's."
+    canonical = getattr(sys.modules.get(cls.__module__), cls.__qualname__, None)
+    return canonical if isinstance(canonical, type) and issubclass(canonical, Task) else cls
+
 def task_from_dict(d: dict) -> Task:
     "Rebuild a task from `Task.to_dict()` (lists become tuples)."
     d = dict(d)
     name = d.pop("name", None)
-    if name not in Task.registry: raise ValueError(f"unknown task {name!r}; known: {sorted(Task.registry)}")
-    cls = Task.registry[name]
-    # the class its module holds now: code that re-executes a task's definition (documentation tools do) registers a
-    # second class of the same name, whose instances would never compare equal to the module's
-    canonical = getattr(sys.modules.get(cls.__module__), cls.__qualname__, None)
-    if isinstance(canonical, type) and issubclass(canonical, Task): cls = canonical
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+    if name not in Task.registry:
+        raise ValueError(f"unknown task {name!r}; known: {sorted(Task.registry)} (a task of your own registers when its module is imported)")
+    return _canonical(Task.registry[name])(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+def task_class(spec: str,  # a registered name (`Task.registry`), or `module:Class` for a `Task` subclass of your own
+              ) -> type:
+    "The task class `spec` names; `module:Class` imports the module (from the working directory too, as `python -m` would)."
+    if ":" not in spec:
+        if spec not in Task.registry:
+            raise ValueError(f"unknown task {spec!r}: one of {', '.join(sorted(Task.registry))}, or module:Class for a Task subclass of your own")
+        return _canonical(Task.registry[spec])
+    module, _, qualname = spec.partition(":")
+    if os.getcwd() not in sys.path: sys.path.insert(0, os.getcwd())
+    try: obj = importlib.import_module(module)
+    except ImportError as e: raise ValueError(f"task {spec}: cannot import {module!r} ({e})") from None
+    for part in qualname.split("."): obj = getattr(obj, part, None)
+    if not (isinstance(obj, type) and issubclass(obj, Task)): raise ValueError(f"task {spec}: {module} has no Task subclass {qualname!r}")
+    if "name" not in vars(obj): raise ValueError(f"task {spec}: {qualname} sets no `name`, so its runs could not be read back")
+    return obj
 
 # %% ../nbs/05_tasks.ipynb #13920df9
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<x>", "</x>", "<y>", "</y>", "<z>", "</z>", "<znull>", "=")

@@ -33,28 +33,16 @@ from .reconstruction import TERM_NAMES
 from .metrics import break_even_beta, evaluate_model
 from .runs import (LR_SCHEDULES, Run, RunConfig, RunDir, atomic_torch_save, atomic_write_json, check_run_dir, load_checkpoint, read_json,
                                prepare_run, read_log, resolve_device, truncate_log, RunInputError, exclusive_run_dir)
-from .tasks import Example, batch_indices
-from .addition import Addition
-from .grid_pathfinding import GridPathfinding
-from .sorting import Sorting
-from .tasks import Task
+from .tasks import Example, Task, batch_indices, task_class
+# the package's tasks register themselves (Task.registry) when their modules are imported; --task names any registered one
+import basedirected.addition, basedirected.grid_pathfinding, basedirected.sorting  # noqa: F401
 from .visiting_order import REGIMES, VisitingOrder
 
-TASKS = {t.name: t for t in (VisitingOrder, Sorting, GridPathfinding, Addition)}  # the synthetic tasks, by name
-# each task's base recipe, the defaults of --base-steps, --d-model, --n-layers, --n-train and the base's input overrides:
-# sorting needs 5,000 steps to pass the quality gate (valid traces: notebook 05b); addition a wider, deeper model on 100,000 distinct inputs (on 20,000 it
-# memorizes which procedure each input was drawn with: notebook 05d); grid pathfinding 10,000 steps with half of the base's
-# training grids drawn with 8 walls, so that the moves a wall decides are not rare (with the task's 3 walls it learns to
-# read them late, and passes only on some runs: notebook 05c); visiting orders 8,000 steps, the best measured, which still misses the
-# surprisal criterion by 1-3 points on held-out inputs (notebook 05a)
-BASE_RECIPES = {"visiting_order": {"steps": 8000}, "sorting": {"steps": 5000},
-                "grid_pathfinding": {"steps": 10000, "input_overrides": {"n_walls": 8}, "override_fraction": 0.5},
-                "addition": {"steps": 8000, "d_model": 128, "n_layers": 3, "n_train": 100000}}
 
 # %% auto #0
-__all__ = ['TASKS', 'BASE_RECIPES', 'OPTIONS', 'evaluate', 'objective_terms', 'NonFiniteError', 'train_step', 'train_cvae',
-           'train_run', 'BaseGateError', 'gate_message', 'compile_cvae', 'run_metrics', 'run', 'Option', 'build_parser',
-           'task_from_args', 'config_from_args', 'train_main']
+__all__ = ['OPTIONS', 'evaluate', 'objective_terms', 'NonFiniteError', 'train_step', 'train_cvae', 'train_run', 'BaseGateError',
+           'gate_message', 'compile_cvae', 'run_metrics', 'run', 'Option', 'build_parser', 'task_from_args',
+           'config_from_args', 'train_main']
 
 # %% ../nbs/10_train.ipynb #f9c72bad
 @torch.no_grad()
@@ -279,15 +267,18 @@ OPTIONS: tuple[Option, ...] = (
            "one --base-seed share one base", "run", default=None, type=int),
     Option("--threads", "threads", "torch CPU threads (0: torch's default); results on a CPU depend on it, so it is part of the run", "run"),
     Option("--device", None, "'auto', 'cpu' or 'cuda[:i]'", "run", default="auto"),
-    Option("--task", None, "the synthetic task", "task", tuple(TASKS), "visiting_order"),
+    Option("--task", None, "the synthetic task: a registered name (" + ", ".join(Task.registry) + ") or module:Class, a Task subclass of "
+           "your own (its base_recipe gives the base's defaults)", "task", default="visiting_order"),
     Option("--regime", None, "a preset of the task: for visiting_order one of " + ", ".join(REGIMES) + " (default early); "
            "sorting and addition: short, long; grid_pathfinding: small, large, open (default: the task's defaults)", "task", default=None),
     Option("--prior", "task.prior", "strategy prior p(s|x) (default: the regime's)", "task", ("uniform", "input"), None),
     Option("--tie-fraction", "task.tie_fraction", "fraction of palindromic inputs, where l2r and r2l tie (default: the regime's)", "task", default=None),
     Option("--n-train", "n_train", "training examples (default: the task's recipe, else 20000)", "task", default=None),
     Option("--n-eval", "n_eval", "held-out examples (inputs unseen in training)", "task"),
-    Option("--base-steps", "base.steps", "z-free pre-training steps of the base model (default: the task's recipe, BASE_RECIPES: "
-           + ", ".join(f"{k} {v['steps']}" for k, v in BASE_RECIPES.items()) + ")", "base model p_theta", default=None),
+    Option("--base-steps", "base.steps", "z-free pre-training steps of the base model (default: the task's base_recipe: "
+           + ", ".join(f"{k} {c.base_recipe['steps']}" for k, c in Task.registry.items() if "steps" in c.base_recipe) + ")", "base model p_theta", default=None),
+    Option("--base-strategy-draws", "base.strategy_draws", "times the base sees each training input, every copy after the first with its "
+           "strategy drawn again from p(s|x) (default: the task's base_recipe, else 1)", "base model p_theta", default=None, type=int),
     Option("--base-override-fraction", "base.override_fraction", "share of the base's training inputs drawn from the task with its recipe's "
            "input_overrides, e.g. grid_pathfinding's 8 walls (default: the task's recipe, 0.5 for grid_pathfinding, else 0; "
            "0 trains on the task's own inputs)", "base model p_theta", default=None),
@@ -402,7 +393,7 @@ _LEAF_FLAGS = {o.path.rsplit(".", 1)[-1]: o.flag for o in OPTIONS if o.path}
 # %% ../nbs/10_train.ipynb #9f3f504d
 def task_from_args(a: argparse.Namespace, fields: dict) -> Task:
     "The task named by `--task`, at the preset `--regime` names, with field overrides (`--prior`, `--tie-fraction`)."
-    cls = TASKS[a.task]
+    cls = task_class(a.task)
     regime = a.regime or ("early" if cls is VisitingOrder else None)
     presets = [n for n, v in vars(cls).items() if isinstance(v, classmethod)]
     if regime is not None and regime not in presets:
@@ -417,13 +408,14 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     "Validate the parsed options and build the `RunConfig`; `ValueError` names the offending option."
     if a.tau is not None and "beta" in a.__dict__.get("_spelling", {}): raise ValueError("--tau and --beta both set the KL weight; give only one")
     given = {o.path: (getattr(a, o.dest), o.flag) for o in OPTIONS if o.path and getattr(a, o.dest) is not None}
-    recipe, m = BASE_RECIPES[a.task], RunConfig().base.model
-    given.setdefault("base.steps", (recipe["steps"], "--base-steps"))
+    recipe, m = task_class(a.task).base_recipe, RunConfig().base.model
+    given.setdefault("base.steps", (recipe.get("steps", RunConfig().base.steps), "--base-steps"))
     given.setdefault("base.model.d_model", (recipe.get("d_model", m.d_model), "--d-model"))
     given.setdefault("base.model.n_layers", (recipe.get("n_layers", m.n_layers), "--n-layers"))
     given.setdefault("n_train", (recipe.get("n_train", RunConfig().n_train), "--n-train"))
     given.setdefault("base.override_fraction", (recipe.get("override_fraction", 0.0), "--base-override-fraction"))
-    given.setdefault("base.input_overrides", (recipe.get("input_overrides", {}) if given["base.override_fraction"][0] > 0 else {}, "input_overrides in the task's BASE_RECIPES entry"))
+    given.setdefault("base.input_overrides", (recipe.get("input_overrides", {}) if given["base.override_fraction"][0] > 0 else {}, "input_overrides in the task's base_recipe"))
+    given.setdefault("base.strategy_draws", (recipe.get("strategy_draws", 1), "--base-strategy-draws"))
     d_model = given["base.model.d_model"][0]
     given.setdefault("base.model.d_ff", (4 * d_model, "--d-ff"))
     # task: the regime's preset with its overridden fields

@@ -2,7 +2,7 @@
 and the excess decomposition (mixture error and leak, nats per example) every `--every` steps of its schedule.
 
 Every option of `basedirected-train` that shapes the base is accepted (`--task`, `--base-steps`, `--d-model`, `--n-layers`,
-`--n-train`, `--base-override-fraction`, `--seed`, ...); the base trains on `base_training_examples`, as in a run. `--grammar` rewrites grid pathfinding's trace for a diagnosis: `cell` writes each visited cell
+`--n-train`, `--base-override-fraction`, `--base-strategy-draws`, `--seed`, ...); the base trains on `base_training_examples`, as in a run. `--grammar` rewrites grid pathfinding's trace for a diagnosis: `cell` writes each visited cell
 as one token (`3,2`) instead of a row and a column token, `cell+distance` adds the distance still to go after each cell.
 
     python benchmarks/base_recipe.py --task grid_pathfinding --base-steps 10000 --seed 1 --every 1000 --out grid.json

@@ -15,7 +15,7 @@ from basedirected.model import ModelConfig, collate, gather_response, response_n
 from basedirected.objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig, free_bits_kl, objective
 from basedirected.runs import RunConfig, TrainConfig, prepare_run, read_log
 from basedirected.tasks import Vocab, batch_indices, make_splits
-from basedirected.train import BASE_RECIPES, OPTIONS, build_parser, config_from_args, run, train_main, train_run
+from basedirected.train import OPTIONS, build_parser, config_from_args, run, train_main, train_run
 from basedirected.visiting_order import VisitingOrder
 
 SMALL_MODEL = ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64)
@@ -231,6 +231,48 @@ def test_cli_exits_2_with_one_line_before_any_work(tmp_path):
     assert not run_dir.exists()
 
 
+MY_TASKS = """
+from dataclasses import dataclass
+from basedirected.sorting import Sorting
+
+@dataclass(frozen=True)
+class ShortSorting(Sorting):
+    "Sorting of three-digit lists: a task of one's own, with its own base recipe."
+    name = "short_sorting"
+    base_recipe = {"steps": 30, "d_model": 32, "n_layers": 1}
+    min_digits: int = 3
+    max_digits: int = 3
+"""
+
+
+def test_a_task_of_your_own_runs_from_the_cli_as_module_and_class(tmp_path):
+    "`--task module:Class` imports the module from the working directory, and its class's base_recipe sizes the base."
+    (tmp_path / "my_tasks.py").write_text(MY_TASKS)
+    run_dir = tmp_path / "run"
+    argv = ["--task", "my_tasks:ShortSorting", "--run-dir", str(run_dir), "--n-train", "300", "--n-eval", "16", "--n-heads", "2",
+            "--c-samples", "32", "--steps", "4", "--batch-size", "8", "--eval-every", "2", "--checkpoint-every", "2", "--K", "3",
+            "--n-routed", "8", "--n-forced", "4", "--allow-failed-base", "--quiet"]
+    p = subprocess.run([sys.executable, "-c", "from basedirected.train import train_main; train_main()", *argv],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    config = json.loads((run_dir / "config.json").read_text())["config"]
+    assert config["task"]["name"] == "short_sorting" and config["task"]["max_digits"] == 3
+    assert (config["base"]["steps"], config["base"]["model"]["d_model"], config["base"]["model"]["n_layers"]) == (30, 32, 1)
+    assert (run_dir / "eval.json").exists()
+
+
+@pytest.mark.parametrize("task, message", [
+    ("nope", "unknown task 'nope': one of addition, grid_pathfinding, sorting, visiting_order, or module:Class"),
+    ("no_such_module_here:Task", "cannot import 'no_such_module_here'"),
+    ("basedirected.tasks:Example", "has no Task subclass 'Example'"),
+    ("basedirected.tasks:Task", "sets no `name`"),
+])
+def test_an_unknown_task_is_refused_with_what_is_wrong(task, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        train_main(["--task", task, "--run-dir", "never"])
+    assert e.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--device", "foo"], "device must be 'auto', 'cpu' or 'cuda[:i]', got 'foo'"),
     (["--gamma", "2", "--token-weighted-reconstruction-alpha", "1"], "set the same option; give only one"),
@@ -275,8 +317,8 @@ def test_help_documents_options_in_paper_terms():
 def test_cli_is_generated_from_the_run_configuration():
     choices = next(o for o in OPTIONS if o.flag == "--objective").choices
     assert tuple(choices) == OBJECTIVE_NAMES
-    recipe = BASE_RECIPES["visiting_order"]["steps"]  # the default task's base recipe is the one difference
-    assert config_from_args(build_parser().parse_args([])) == dataclasses.replace(RunConfig(), base=dataclasses.replace(RunConfig().base, steps=recipe))
+    recipe = VisitingOrder.base_recipe  # the default task's base recipe is the one difference
+    assert config_from_args(build_parser().parse_args([])) == dataclasses.replace(RunConfig(), base=dataclasses.replace(RunConfig().base, **recipe))
     for o in OPTIONS:  # every option names a real field, and its default is the configuration's
         if o.path and o.default is ...:
             assert build_parser().get_default(o.dest) == eval("RunConfig()." + o.path), o.flag
