@@ -9,10 +9,7 @@ import contextlib
 import copy
 import json
 import math
-import os
 import time
-from collections import deque
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -26,9 +23,9 @@ from .cvae import exact_posterior
 from .model import Batch, Block, Rows, causal_attention
 from .objective import loss_reference_weights, loss_token_weights, term_token_weights
 from .reconstruction import TERM_NAMES
-from .runs import Run, RunConfig, atomic_write_json, load_checkpoint, truncate_log
+from .runs import Run, RunConfig
 from .tasks import epoch_permutation
-from .train import NonFiniteError, _checkpoint, _json_safe, _watch, evaluate
+from .train import NonFiniteError, fit
 
 # %% auto #0
 __all__ = ['GROUP_FREE_FIELDS', 'GROUP_PRECISIONS', 'ATTENTION_BACKENDS', 'group_key', 'pack_groups', 'TokenWeightTable',
@@ -374,24 +371,24 @@ class RunGroup:
                             "precision": self.precision})
         return records
 
+    # the stepper interface of `fit` (notebook 10)
     @torch.no_grad()
-    def write_back(self):
+    def sync(self):
         "Copy each run's slice of the stacked parameters into its own CVAE (for evaluation, checkpoints and the metrics)."
         for n, r in enumerate(self.runs):
             for name, p in r.model.named_parameters(): p.copy_(self.params[name][n])
 
-    def load_optimizer_states(self, states: list[dict | None]):
-        "Each run's `torch.optim.AdamW` state (None: a fresh run)."
-        for n, st in enumerate(states):
-            if st is not None: self.opt.load_run_state_dict(n, st)
+    def optimizer_state(self, n: int, step: int) -> dict:
+        "Run `n`'s optimizer state after `step`, as `torch.optim.AdamW.state_dict()` writes it (what its checkpoint saves)."
+        return self.opt.run_state_dict(n, self.runs[n].model, self.tc.lr_at(step))
 
-    def optimizer_view(self, n: int, lr: float):
-        "An object whose `state_dict()` is run `n`'s optimizer state (what `_checkpoint` saves)."
-        return _OptimizerView(self, n, lr)
+    def load_optimizer_state(self, n: int, state: dict):
+        "Run `n`'s `torch.optim.AdamW` state, from its checkpoint."
+        self.opt.load_run_state_dict(n, state)
 
-class _OptimizerView:
-    def __init__(self, group, n, lr): self.group, self.n, self.lr = group, n, lr
-    def state_dict(self): return self.group.opt.run_state_dict(self.n, self.group.runs[self.n].model, self.lr)
+    def stop(self, n: int):
+        "Run `n` leaves the group (non-finite steps): its parameters and moments stay as they were."
+        self.alive[n] = False
 
 # %% ../nbs/10b_groups.ipynb #eaeef9b5
 def train_group(runs: list[Run],                # prepared runs sharing a group_key
@@ -400,54 +397,5 @@ def train_group(runs: list[Run],                # prepared runs sharing a group_
                 compile: bool | str = False,    # compile the vmapped step: True, or torch.compile's mode
                 precision: str | None = None,   # GROUP_PRECISIONS key of the step (None: bf16 on CUDA, else float32)
                ) -> list[dict | NonFiniteError]:  # each run's final held-out terms, or the error that stopped it
-    "Train `runs` as one `RunGroup`; each run's log, checkpoints and `eval.json` are those `train_run` writes for it alone."
-    tc = runs[0].config.train
-    starts, states = [], []
-    for r in runs:
-        ck = load_checkpoint(r.dir.checkpoint) if r.dir.checkpoint.exists() else None
-        if ck is not None: r.model.load_state_dict(ck["model"])
-        starts.append(ck["step"] if ck else 0); states.append(ck["optimizer"] if ck else None)
-    if len(set(starts)) != 1:
-        raise ValueError(f"the runs of a group must resume from one step, got checkpoints at steps {sorted(set(starts))}; group them by step")
-    start, end = starts[0], tc.steps if stop_after is None else min(tc.steps, stop_after)
-    for r in runs: truncate_log(r.dir.log, start); r.model.train()
-    group = RunGroup(runs, compile, precision=precision)
-    group.load_optimizer_states(states)
-    watches = [(deque(maxlen=50), {"skipped": 0, "warned": False}) for _ in runs]
-    stopped: dict[int, NonFiniteError] = {}
-    def stop(n, error):
-        stopped[n] = error; group.alive[n] = False
-    steps = range(start, end)
-    if progress:
-        from tqdm.auto import tqdm
-        steps = tqdm(steps, initial=start, total=tc.steps, desc=f"group of {len(runs)}", leave=False)
-    logs = [open(r.dir.log, "a") for r in runs]
-    try:
-        for step in steps:
-            for n, record in enumerate(group.step(step)):
-                if n in stopped: continue
-                logs[n].write(json.dumps(_json_safe(record)) + "\n")
-                try: _watch(record, *watches[n], tc.max_nonfinite_steps)
-                except NonFiniteError as e: logs[n].flush(); stop(n, e)
-            evaluate_now = (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps
-            checkpoint_now = (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps
-            if evaluate_now or checkpoint_now: group.write_back()
-            for n, r in enumerate(runs):
-                if n in stopped: continue
-                if evaluate_now:
-                    ev = evaluate(r.model, r.held_out, r.eval_cache, r.c_ref, r.config.loss, r.kl_weight(step), seed=r.config.seed)
-                    logs[n].write(json.dumps(_json_safe({"step": step + 1, "split": "eval", **ev})) + "\n")
-                if checkpoint_now:
-                    logs[n].flush(); os.fsync(logs[n].fileno())
-                    try: _checkpoint(r, group.optimizer_view(n, tc.lr_at(step)), step + 1)
-                    except NonFiniteError as e: stop(n, e)
-    finally:
-        for log in logs: log.close()
-    group.write_back()
-    finals = []
-    for n, r in enumerate(runs):
-        if n in stopped: finals.append(stopped[n]); continue
-        final = evaluate(r.model, r.held_out, r.eval_cache, r.c_ref, r.config.loss, r.kl_weight(tc.steps), seed=r.config.seed)
-        if end >= tc.steps: atomic_write_json(r.dir.eval, {"c_ref": r.scale.to_dict(), **final})
-        finals.append(final)
-    return finals
+    "Train `runs` as one `RunGroup` in the one training loop (`fit`); each run's log, checkpoints and `eval.json` are those `train_run` writes for it alone."
+    return fit(runs, lambda rs: RunGroup(rs, compile, precision=precision), progress=progress, stop_after=stop_after)

@@ -40,9 +40,9 @@ from .visiting_order import REGIMES, VisitingOrder
 
 
 # %% auto #0
-__all__ = ['OPTIONS', 'evaluate', 'objective_terms', 'NonFiniteError', 'train_step', 'train_cvae', 'train_run', 'BaseGateError',
-           'gate_message', 'compile_cvae', 'run_metrics', 'run', 'Option', 'build_parser', 'task_from_args',
-           'config_from_args', 'train_main']
+__all__ = ['OPTIONS', 'evaluate', 'objective_terms', 'NonFiniteError', 'train_step', 'OneRun', 'fit', 'train_run',
+           'BaseGateError', 'gate_message', 'compile_cvae', 'run_metrics', 'run', 'Option', 'build_parser',
+           'task_from_args', 'config_from_args', 'train_main']
 
 # %% ../nbs/10_train.ipynb #f9c72bad
 @torch.no_grad()
@@ -120,10 +120,11 @@ def train_step(run: Run, opt: torch.optim.Optimizer, step: int, beta: float, lr:
             **values, "examples_per_s": len(rows) / (time.perf_counter() - t0)}
 
 # %% ../nbs/10_train.ipynb #9750852b
-def _checkpoint(run: Run, opt, step: int):
+def _checkpoint(run: Run, optimizer_state: dict, step: int):
+    "Write `checkpoint.pt` (weights, optimizer state, step, configuration, c_theta) after `step`; never from non-finite weights."
     if not all(bool(torch.isfinite(p).all()) for p in run.model.parameters()):
         raise NonFiniteError(f"step {step}: the weights are not finite; the last checkpoint was kept")
-    atomic_torch_save(run.dir.checkpoint, {"model": run.model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+    atomic_torch_save(run.dir.checkpoint, {"model": run.model.state_dict(), "optimizer": optimizer_state, "step": step,
                                            "config": run.config.to_dict(), "c_ref": run.c_ref})
 
 def _watch(record: dict, recent: deque, state: dict, limit: int):
@@ -139,54 +140,95 @@ def _watch(record: dict, recent: deque, state: dict, limit: int):
                       "the learning rate may be too high"); state["warned"] = True
     recent.append(record["loss"])
 
+class OneRun:
+    "The stepper of one run in one process: `train_step` with `torch.optim.AdamW` over its CVAE."
+    def __init__(self, runs: list[Run]):  # one prepared run
+        if len(runs) != 1: raise ValueError(f"OneRun steps one run, got {len(runs)}; a group of runs is a RunGroup (notebook 10b)")
+        self.runs, tc = runs, runs[0].config.train
+        self.opt = torch.optim.AdamW(runs[0].model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+
+    def step(self, step: int) -> list[dict]:
+        "One optimizer step; the run's log record, in a list of one."
+        run = self.runs[0]
+        return [train_step(run, self.opt, step, run.kl_weight(step), run.config.train.lr_at(step))]
+
+    def sync(self): "The run's own model is the one trained: nothing to copy."
+    def optimizer_state(self, n: int, step: int) -> dict: return self.opt.state_dict()
+    def load_optimizer_state(self, n: int, state: dict): self.opt.load_state_dict(state)
+    def stop(self, n: int): "A stopped run ends the loop (it is the only one)."
+
 # %% ../nbs/10_train.ipynb #87b7c34e
-def train_cvae(run: Run,                       # a prepared run (`prepare_run`)
-               progress: bool = False,
-               stop_after: int | None = None,  # stop after this many steps (as if interrupted)
-              ) -> dict:                       # held-out terms of the final model
-    "Train the CVAE, logging every term each step; resumes from the run's checkpoint if present."
-    tc, model = run.config.train, run.model
-    opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
-    # resume
-    start, recent, state = 0, deque(maxlen=50), {"skipped": 0, "warned": False}
-    if run.dir.checkpoint.exists():
-        ck = load_checkpoint(run.dir.checkpoint)
-        model.load_state_dict(ck["model"]); opt.load_state_dict(ck["optimizer"]); start = ck["step"]
-    truncate_log(run.dir.log, start)
-    steps = range(start, tc.steps if stop_after is None else min(tc.steps, stop_after))
+def fit(runs: list[Run],                        # prepared runs (`prepare_run`) that the stepper trains together
+        stepper=OneRun,                         # builds the stepper from the runs: OneRun, or RunGroup for many
+        progress: bool = False,
+        stop_after: int | None = None,          # stop after this many steps (as if interrupted)
+       ) -> list[dict | NonFiniteError]:        # each run's final held-out terms, or the error that stopped it
+    "The training loop of every run: resume, steps, evaluations, checkpoints, the non-finite guard; a run that reaches its last step writes `eval.json`."
+    tc = runs[0].config.train
+    # resume: each run's checkpoint restores its model, optimizer state and step; the log is cut back to that step
+    starts, states = [], []
+    for r in runs:
+        ck = load_checkpoint(r.dir.checkpoint) if r.dir.checkpoint.exists() else None
+        if ck is not None: r.model.load_state_dict(ck["model"])
+        starts.append(ck["step"] if ck else 0); states.append(ck["optimizer"] if ck else None)
+    if len(set(starts)) != 1:
+        raise ValueError(f"the runs of a group must resume from one step, got checkpoints at steps {sorted(set(starts))}; group them by step")
+    start, end = starts[0], tc.steps if stop_after is None else min(tc.steps, stop_after)
+    for r in runs: truncate_log(r.dir.log, start); r.model.train()
+    s = stepper(runs)
+    for n, st in enumerate(states):
+        if st is not None: s.load_optimizer_state(n, st)
+    watches = [(deque(maxlen=50), {"skipped": 0, "warned": False}) for _ in runs]
+    stopped: dict[int, NonFiniteError] = {}
+    def stop(n, error): stopped[n] = error; s.stop(n)
+    steps = range(start, end)
     if progress:
         from tqdm.auto import tqdm
-        steps = tqdm(steps, initial=start, total=tc.steps, desc="cvae", leave=False)
-    # train
-    model.train()
-    with open(run.dir.log, "a") as log:
-        if start and (start % tc.eval_every == 0 or start == tc.steps) and not any(
-                r.get("split") == "eval" and r["step"] == start for r in read_log(run.dir.log)):
-            # the checkpoint's evaluation record was lost (a torn last line): the checkpoint holds that step's model, so it is the same record
-            ev = evaluate(model, run.held_out, run.eval_cache, run.c_ref, run.config.loss, run.kl_weight(start - 1), seed=run.config.seed)
-            log.write(json.dumps(_json_safe({"step": start, "split": "eval", **ev})) + "\n")
+        steps = tqdm(steps, initial=start, total=tc.steps, desc="cvae" if len(runs) == 1 else f"group of {len(runs)}", leave=False)
+    evaluate_run = lambda r, step: evaluate(r.model, r.held_out, r.eval_cache, r.c_ref, r.config.loss, r.kl_weight(step), seed=r.config.seed)
+    logs = [open(r.dir.log, "a") for r in runs]
+    try:
+        for r, log in zip(runs, logs):
+            if start and (start % tc.eval_every == 0 or start == tc.steps) and not any(
+                    e.get("split") == "eval" and e["step"] == start for e in read_log(r.dir.log)):
+                # the checkpoint's evaluation record was lost (a torn last line): the checkpoint holds that step's model, so it is the same record
+                log.write(json.dumps(_json_safe({"step": start, "split": "eval", **evaluate_run(r, start - 1)})) + "\n")
         for step in steps:
-            beta = run.kl_weight(step)
-            record = train_step(run, opt, step, beta, tc.lr_at(step))
-            log.write(json.dumps(_json_safe(record)) + "\n")
-            try: _watch(record, recent, state, tc.max_nonfinite_steps)
-            except NonFiniteError: log.flush(); raise
-            if (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps:
-                ev = evaluate(model, run.held_out, run.eval_cache, run.c_ref, run.config.loss, beta, seed=run.config.seed)
-                log.write(json.dumps(_json_safe({"step": step + 1, "split": "eval", **ev})) + "\n")
-            if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps:
-                log.flush(); os.fsync(log.fileno())
-                _checkpoint(run, opt, step + 1)
-            if progress and "loss" in record: steps.set_postfix(loss=f"{record['loss']:.3f}", kl=f"{record['kl']:.3f}", theta=f"{record['theta']:.3f}")
-    # final held-out evaluation
-    return evaluate(model, run.held_out, run.eval_cache, run.c_ref, run.config.loss, run.kl_weight(tc.steps), seed=run.config.seed)
+            for n, record in enumerate(s.step(step)):
+                if n in stopped: continue
+                logs[n].write(json.dumps(_json_safe(record)) + "\n")
+                try: _watch(record, *watches[n], tc.max_nonfinite_steps)
+                except NonFiniteError as e: logs[n].flush(); stop(n, e)
+            if len(stopped) == len(runs): break
+            evaluate_now = (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps
+            checkpoint_now = (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps
+            if evaluate_now or checkpoint_now: s.sync()
+            for n, r in enumerate(runs):
+                if n in stopped: continue
+                if evaluate_now: logs[n].write(json.dumps(_json_safe({"step": step + 1, "split": "eval", **evaluate_run(r, step)})) + "\n")
+                if checkpoint_now:
+                    logs[n].flush(); os.fsync(logs[n].fileno())  # a checkpoint never claims steps the log lacks
+                    try: _checkpoint(r, s.optimizer_state(n, step), step + 1)
+                    except NonFiniteError as e: stop(n, e)
+            if len(stopped) == len(runs): break
+            if progress and len(runs) == 1 and "loss" in record:
+                steps.set_postfix(loss=f"{record['loss']:.3f}", kl=f"{record['kl']:.3f}", theta=f"{record['theta']:.3f}")
+    finally:
+        for log in logs: log.close()
+    s.sync()
+    finals = []
+    for n, r in enumerate(runs):
+        if n in stopped: finals.append(stopped[n]); continue
+        final = evaluate_run(r, tc.steps)
+        if end >= tc.steps: atomic_write_json(r.dir.eval, {"c_ref": r.scale.to_dict(), **final})
+        finals.append(final)
+    return finals
 
 # %% ../nbs/10_train.ipynb #50db95e0
 def train_run(run: Run, progress: bool = False, stop_after: int | None = None) -> dict:
-    "Train a prepared run; a run that reaches its last step writes `eval.json`. Returns the final held-out terms."
-    final = train_cvae(run, progress=progress, stop_after=stop_after)
-    if stop_after is None or stop_after >= run.config.train.steps:
-        atomic_write_json(run.dir.eval, {"c_ref": run.scale.to_dict(), **final})
+    "Train one prepared run (`fit` with `OneRun`); a run that reaches its last step writes `eval.json`. Returns the final held-out terms."
+    (final,) = fit([run], OneRun, progress=progress, stop_after=stop_after)
+    if isinstance(final, NonFiniteError): raise final
     return final
 
 class BaseGateError(ValueError):

@@ -171,3 +171,21 @@ def test_folded_attention_is_attention_run_by_run(n, b, h, length, d, masked, se
     weights = torch.randn(out.shape, generator=g)
     torch.testing.assert_close(out, alone)
     torch.testing.assert_close(torch.autograd.grad((out * weights).sum(), qkv)[0], torch.autograd.grad((alone * weights).sum(), qkv)[0])
+
+
+def test_a_group_resumed_after_a_torn_evaluation_record_writes_it_again(tmp_path):
+    "The group trains in the one loop (`fit`): a run whose last log line (its checkpoint's evaluation) was torn gets that record back."
+    cfgs = [tiny(0, 0.1, "theta"), tiny(0, 0.3, "celbo")]
+    source = prepare_run(tmp_path / "source", cfgs[0], "cpu").dir.path
+    runs = _members(tmp_path, "g", cfgs, source)
+    train_group(runs, stop_after=3)
+    log = runs[1].dir.log
+    lines = log.read_text().splitlines(keepends=True)
+    kept = json.loads(lines[-1])
+    assert kept["split"] == "eval" and kept["step"] == 3
+    log.write_text("".join(lines[:-1]) + lines[-1][:25])  # the evaluation record torn mid-line
+    again = [prepare_run(r.dir.path, r.config, "cpu") for r in runs]
+    train_group(again)
+    evals = [r for r in read_log(log) if r["split"] == "eval" and r["step"] == 3]
+    assert len(evals) == 1 and evals[0] == pytest.approx(kept)
+    assert [r["step"] for r in read_log(log) if r["split"] == "train"] == list(range(1, 7))
