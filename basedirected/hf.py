@@ -602,6 +602,8 @@ def check_hf_run_dir(run_dir, config: HFRunConfig):
         if missing: raise ValueError(f"{rd.checkpoint} lacks {', '.join(missing)}; delete it to start the run again, or rerun with --force")
         bad = [n for n, t in ck["trainable"].items() if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all()]
         if bad: raise ValueError(f"{rd.checkpoint} holds non-finite weights ({bad[0]}); delete it to start the run again, or rerun with --force")
+        if "config" in ck and json.loads(json.dumps(ck["config"])) != json.loads(json.dumps(config.to_dict())):
+            raise ValueError(f"{rd.checkpoint} was written by a run with a different configuration; choose another --run-dir or pass --force")
         step = ck["step"]
         logged = max((r["step"] for r in read_log(rd.log) if r.get("split") == "train"), default=0)
         if logged < step: raise ValueError(f"{rd.log} ends at step {logged}, before {rd.checkpoint} (step {step}): the log is incomplete")
@@ -747,7 +749,8 @@ def hf_train(run: HFRun, stop_after: int | None = None, progress: bool = False) 
     log, skipped = None, 0
     if main:
         truncate_log(rd.log, start); log = open(rd.log, "a")
-        if start == 0: log.write(json.dumps({"step": 0, "split": "eval", **evaluate(0)}) + "\n")  # the inert start, measured
+        if start == 0 and not any(r.get("split") == "eval" and r["step"] == 0 for r in read_log(rd.log)):
+            log.write(json.dumps({"step": 0, "split": "eval", **evaluate(0)}) + "\n")  # the inert start, measured (once: a rerun before the first checkpoint keeps it)
         elif (start % tc.eval_every == 0 or start == tc.steps) and not any(r.get("split") == "eval" and r["step"] == start for r in read_log(rd.log)):
             log.write(json.dumps({"step": start, "split": "eval", **evaluate(start)}) + "\n")  # lost to a torn last line: the checkpoint is that step's model
     try:
@@ -807,6 +810,7 @@ def build_hf_parser() -> argparse.ArgumentParser:
     a("--lora-targets", default="all-linear", help="comma-separated module names that get adapters, or all-linear")
     a("--latent", choices=("discrete",), default="discrete", help="discrete codes <z1>..<zK>")
     a("--K", type=int, default=4, help="number of discrete codes")
+    a("--allow-inert", action="store_true", help="allow --K 1, whose discrete latent is inert by construction (a control)")
     a("--posterior", choices=("amortized", "exact", "exact+distill"), default="amortized", help="the amortized q_xi, the exact q*, or q* distilled into q_xi")
     a("--objective", choices=OBJECTIVE_NAMES, default="theta", help="the compared objective (theta is J_theta)")
     a("--alpha", type=float, default=0.5, help="alpha of theta"); a("--gamma", type=float, default=1.0, help="concentration exponent gamma")
@@ -833,6 +837,8 @@ def build_hf_parser() -> argparse.ArgumentParser:
 def hf_config_from_args(a: argparse.Namespace) -> HFRunConfig:
     "Validate the parsed options into an `HFRunConfig`; `ValueError` says what is wrong."
     obj = objectives(alpha=a.alpha, gamma=a.gamma)[a.objective]
+    if a.K == 1 and not a.allow_inert:
+        raise ValueError("--K 1 leaves a discrete latent inert by construction (one code carries no information); pass --allow-inert to run it as a control")
     train = dataclasses.replace(TrainConfig(), steps=a.steps, batch_size=a.batch_size, lr=a.lr, lr_schedule=a.lr_schedule, warmup_steps=a.warmup_steps,
                                 weight_decay=a.weight_decay, grad_clip=a.grad_clip, eval_every=a.eval_every, checkpoint_every=a.checkpoint_every,
                                 max_nonfinite_steps=a.max_nonfinite_steps, free_bits=obj.free_bits, beta_times_c_ref=obj.beta_times_c,

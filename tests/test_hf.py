@@ -285,3 +285,30 @@ def test_hf_a_torn_final_eval_record_is_written_again_and_a_rerun_clears_tempora
     (run / ".checkpoint.pt.tmp4242").write_bytes(b"half")
     assert hf_train_main(_args(d, run)) == 0
     assert read_log(run / "log.jsonl") == [json.loads(l) for l in lines] and not (run / ".checkpoint.pt.tmp4242").exists()
+
+
+def test_hf_k1_needs_allow_inert_as_basedirected_train_does(data, tmp_path, capsys):
+    d, _, _ = data
+    code, line = _refused(_args(d, tmp_path / "run", "--K", "1"), capsys)
+    assert code == 2 and "--K 1 leaves a discrete latent inert by construction" in line and "--allow-inert" in line
+    assert not (tmp_path / "run").exists()
+    assert hf_train_main(_args(d, tmp_path / "run", "--K", "1", "--allow-inert", "--steps", "2")) == 0
+
+
+def test_hf_resume_compares_the_checkpoints_configuration_when_config_json_is_lost(data, tmp_path, capsys):
+    "A rerun with another --lr after config.json is lost is refused by the checkpoint's own record, not continued silently."
+    d, _, _ = data
+    assert hf_train_main(_args(d, tmp_path / "run", "--stop-after", "3")) == 0
+    (tmp_path / "run" / "config.json").unlink()
+    code, line = _refused(_args(d, tmp_path / "run", "--lr", "1e-3"), capsys)
+    assert code == 2 and "checkpoint.pt was written by a run with a different configuration" in line, line
+    assert hf_train_main(_args(d, tmp_path / "run")) == 0  # the same configuration resumes
+
+
+def test_hf_a_run_interrupted_before_its_first_checkpoint_logs_its_step_0_evaluation_once(data, tmp_path):
+    d, _, _ = data
+    argv = _args(d, tmp_path / "run", "--checkpoint-every", "100")
+    assert hf_train_main([*argv, "--stop-after", "2"]) == 0
+    (tmp_path / "run" / "checkpoint.pt").unlink()  # as if killed before its first checkpoint
+    assert hf_train_main(argv) == 0
+    assert [r["step"] for r in read_log(tmp_path / "run" / "log.jsonl") if r["split"] == "eval"] == [0, 3, 6]
