@@ -55,6 +55,7 @@ class Preset:
     cvae_steps: int = 300
     evals: int = 3                       # held-out evaluations (and checkpoints) per run: the escape curve's points
     batch_size: int = 32
+    grad_clip: float | None = None       # gradient-norm clipping of every run (--grad-clip; None: TrainConfig's); 1e6 leaves none in effect
     Ks: tuple[int, ...] = (3,)           # discrete codes
     posteriors: tuple[str, ...] = ("exact",)  # discrete posterior arms (continuous runs are always amortized)
     arms: tuple[dict, ...] = ()          # extra sub-grids: field overrides of this preset (e.g. an amortized arm)
@@ -87,6 +88,12 @@ PRESETS = {
                     taus=(0.07,), seeds=tuple(range(10)), base_seed=0, regimes=("sorting",), evals=6,
                     arms=({"regimes": ("grid_pathfinding",), "seeds": tuple(range(5))},
                           {"objectives": ("celbo", "celbo_scaled"), "taus": (), "betas": (0.05,), "seeds": tuple(range(5))})),
+    "followup": Preset("followup", ("theta", "dist", "celbo"), "the study's open questions with enough seeds (under an hour on a 2-core CPU): "
+                       "J_theta, dist and the cELBO at tau 0.07 with the study's gradient clipping and without any, on sorting and grid "
+                       "pathfinding (10 seeds each), and the amortized posterior on sorting for 2,000 steps (5 seeds)",
+                       taus=(0.07,), seeds=tuple(range(10)), base_seed=0, regimes=("sorting", "grid_pathfinding"), evals=6,
+                       arms=({"grad_clip": 1e6},
+                             {"regimes": ("sorting",), "posteriors": ("amortized",), "seeds": tuple(range(5)), "cvae_steps": 2000, "evals": 10})),
     "paper": Preset("paper", ("theta", "dist", "celbo"), "the study's design at the paper's model size with 20 seeds, two tau, an equal-beta "
                     "row and an amortized arm (one GPU, groups)", taus=(0.07, 0.2), seeds=tuple(range(20)), base_seed=0,
                     regimes=("sorting", "grid_pathfinding", "addition"), model=ModelConfig(d_model=128, n_layers=4, n_heads=4, d_ff=512),
@@ -134,6 +141,7 @@ def cell_argv(preset: Preset, regime: str, latent: str, objective: str, alpha: f
     argv += ["--n-eval", str(preset.n_eval), "--K", str(K), "--posterior", posterior, "--c-samples", str(preset.c_samples),
              "--steps", str(preset.cvae_steps), "--batch-size", str(preset.batch_size), "--eval-every", str(every), "--checkpoint-every", str(every),
              "--n-routed", str(preset.n_routed), "--n-forced", str(preset.n_forced), "--threads", str(preset.threads)]
+    if preset.grad_clip is not None: argv += ["--grad-clip", str(preset.grad_clip)]
     if objective == "theta": argv += ["--alpha", str(alpha), "--gamma", str(gamma)]
     elif objective in ("tok", "tok_cc", "inv_tok"): argv += ["--gamma", str(gamma)]
     if preset.shared_prefix and latent == "discrete": argv += ["--shared-prefix"]
@@ -159,7 +167,8 @@ def _grid(preset: Preset) -> list[RunSpec]:
                                     beta, tau = (w, None) if axis == "beta" else (None, w)
                                     argv = cell_argv(preset, regime, latent, name, alpha, gamma, seed, posterior, K, beta=beta, tau=tau)
                                     tag = f"_a{alpha}_g{gamma}" if name == "theta" else ""
-                                    key = f"{regime}-{latent}-{posterior}-K{K}-{name}{tag}-{axis[0]}{w}-s{seed}"
+                                    clip = "" if preset.grad_clip is None else f"-clip{preset.grad_clip:g}"
+                                    key = f"{regime}-{latent}-{posterior}-K{K}-{name}{tag}-{axis[0]}{w}{clip}-s{seed}"
                                     specs.append(RunSpec(key, name, beta, tau, seed, regime, latent, alpha, gamma, posterior, K, tuple(argv),
                                                          config_from_args(parser.parse_args(argv)), "--shared-prefix" in argv))
     return specs
@@ -249,7 +258,8 @@ def _cell_record(spec: RunSpec, run, final: dict, seconds: float) -> dict:
     record = {**run_metrics(run, final),  # the cell's own names (e.g. its objective's grid label) come last and win
               "key": spec.key, "objective": spec.objective, "seed": spec.seed, "regime": spec.regime, "tau_target": spec.tau, "beta_target": spec.beta,
               "beta": spec.beta if spec.beta is not None else run.kl_weight(spec.config.train.steps),  # the beta a tau cell resolved to
-              "latent": spec.latent, "posterior": spec.posterior, "K": spec.K, "alpha": spec.alpha, "gamma": spec.gamma, "seconds": seconds}
+              "latent": spec.latent, "posterior": spec.posterior, "K": spec.K, "alpha": spec.alpha, "gamma": spec.gamma,
+              "grad_clip": spec.config.train.grad_clip, "seconds": seconds}
     atomic_write_json(run.dir.metrics, record)
     return record
 

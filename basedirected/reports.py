@@ -21,7 +21,7 @@ from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, add_datac
 from .experiments import PRESETS, execute
 from .train import NonFiniteError
 from .reconstruction import TERM_NAMES
-from .runs import RunDir, atomic_write_bytes, atomic_write_json, environment_record, load_run, read_json, read_log, resolve_device
+from .runs import TrainConfig, RunDir, atomic_write_bytes, atomic_write_json, environment_record, load_run, read_json, read_log, resolve_device
 from .weights import reference_weights
 
 # %% auto #0
@@ -39,7 +39,12 @@ TABLE_METRICS = ("tau", "beta_effective", "beta_star", "rate", "rate_at_1_3", "r
                  "gen_routing_effect", "marginal_nll", "base_nll", "eval_theta", "eval_std",
                  "I_zs_norm_amortized", "amortized_agreement", "reveal_weight", "c_model", "c_data", "T_y_mean",
                  "I_zs_given_x_norm", *_ALIGNMENTS, "gen_coverage_mean", "gate_valid_rate", "gate_answer_only_accuracy")
-GROUP_BY = ("regime", "latent", "posterior", "K", "objective", "alpha", "gamma", "tau_target", "beta_target")  # a row per group: seeds averaged
+GROUP_BY = ("regime", "latent", "posterior", "K", "objective", "alpha", "gamma", "tau_target", "beta_target", "grad_clip")  # a row per group: seeds averaged
+
+def _clip_tag(r: dict) -> str:
+    "' clip 1e+06' for a run whose gradient clipping is not the default (records from before clipping was a cell's coordinate have none)."
+    g = r.get("grad_clip")
+    return "" if g is None or g == TrainConfig().grad_clip else f" clip {g:g}"
 
 def _scalar_columns(records):
     cols = []
@@ -89,7 +94,7 @@ def markdown_table(rows: list[dict], metrics=DEFAULT_COLUMNS, legend: str = "") 
     head = ["regime", "latent", "posterior", "K", "objective", "KL weight", "seeds", *metrics]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        weight = f"τ {r['tau_target']:g}" if r.get("tau_target") is not None else f"β {r['beta_target']:g}"
+        weight = (f"τ {r['tau_target']:g}" if r.get("tau_target") is not None else f"β {r['beta_target']:g}") + _clip_tag(r)
         cells = [r["regime"], r["latent"], str(r.get("posterior", "")), str(r.get("K", "")), r["objective"], weight, str(r["seeds"])]
         for m in metrics:
             if m not in r: cells.append("—"); continue
@@ -151,8 +156,9 @@ def paired_difference(diffs: list[float]) -> dict:
 
 # %% ../nbs/12_reports.ipynb #795dc306
 def _cell(r: dict) -> str:
-    "A record's cell as written in tables: 'tau 0.07' or 'beta 0.05'."
-    return f"tau {r['tau_target']:g}" if r.get("tau_target") is not None else f"beta {r.get('beta_target', r.get('beta')):g}"
+    "A record's cell as written in tables: 'tau 0.07' or 'beta 0.05', with ' clip 1e+06' where its gradient clipping is not the default."
+    weight = f"tau {r['tau_target']:g}" if r.get("tau_target") is not None else f"beta {r.get('beta_target', r.get('beta')):g}"
+    return weight + _clip_tag(r)
 
 def paired_statistics(records: list[dict],                 # one metrics record per run
                       baseline: str = "theta",             # the objective compared with every other
@@ -214,8 +220,8 @@ def read_results(out: Path) -> list[dict]:
     return rows
 
 def _label(r):
-    "A run's line label: objective (with alpha, gamma for theta) and, for a discrete latent, the posterior."
-    name = r["objective"] if r["objective"] != "theta" else f"theta(a={r['alpha']:g},g={r['gamma']:g})"
+    "A run's line label: objective (with alpha, gamma for theta), its clipping where not the default and, for a discrete latent, the posterior."
+    name = (r["objective"] if r["objective"] != "theta" else f"theta(a={r['alpha']:g},g={r['gamma']:g})") + _clip_tag(r)
     return name + (f" [{r['posterior']}]" if r.get("posterior") not in (None, "") and r.get("latent") == "discrete" else "")
 
 def _target(r: dict) -> tuple:
@@ -306,7 +312,7 @@ def figure_escape(out: Path, regime: str = "early", seed: int = 0):
         cfg = read_json(rd.config)["config"]
         if cfg["seed"] != seed or not rd.path.name.startswith(f"{regime}-") or cfg["cvae"]["latent"] != "discrete": continue
         cell = ("τ", cfg["train"]["tau"]) if cfg["train"].get("tau") is not None else ("β", cfg["train"]["beta"]["beta"])
-        runs.setdefault((cfg["cvae"]["posterior"], cfg["objective"]), []).append((cell, rd))
+        runs.setdefault((cfg["cvae"]["posterior"], cfg["objective"] + _clip_tag(cfg["train"])), []).append((cell, rd))
     panels = sorted(runs)
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(3.6 * max(len(panels), 1), 3.0), squeeze=False, sharey=True)
     for ax, key in zip(axes[0], panels):

@@ -8,6 +8,7 @@ and the rate at the end; `OUT/curves.json` holds the same. This is the instrumen
 
     python benchmarks/escape_curves.py --task sorting --taus 0.07,0.2 --steps 1000 --out runs/escape-sorting
     python benchmarks/escape_curves.py --task sorting --taus 0.07 --posterior amortized --steps 1500 --out runs/escape-sorting
+    python benchmarks/escape_curves.py --task sorting --taus 0.07 --grad-clips 1,1e6 --out runs/escape-clip   # 1e6: no clipping
 
 Figures are printed and written, never asserted.
 """
@@ -38,6 +39,7 @@ def main(argv=None):
     p.add_argument("--objectives", default="theta,dist,celbo", help="comma-separated objective names")
     p.add_argument("--taus", default="0.07,0.2", help="comma-separated tau (KL weight as a share of each objective's break-even)")
     p.add_argument("--posterior", default="exact", choices=("exact", "amortized", "exact+distill"))
+    p.add_argument("--grad-clips", default="1", help="comma-separated gradient-norm clipping thresholds (1e6: no clipping in effect)")
     p.add_argument("--seeds", default="0", help="comma-separated CVAE seeds (every cell adapts the --base-seed base)")
     p.add_argument("--base-seed", type=int, default=0)
     p.add_argument("--K", type=int, default=3)
@@ -61,29 +63,30 @@ def main(argv=None):
     print(f"base gate: {'passes' if gate['passes'] else 'FAILS: ' + '; '.join(gate['failures'])}", flush=True)
 
     def cell(c):
-        obj, tau, seed = c
-        d = out / f"{a.posterior}-{obj}-t{tau}-s{seed}"
+        obj, tau, clip, seed = c
+        d = out / (f"{a.posterior}-{obj}-t{tau}-s{seed}" + (f"-clip{clip:g}" if clip != 1 else ""))
         d.mkdir(exist_ok=True)
         for f in BASE_FILES:
             if not (d / f).exists(): shutil.copy(base / f, d / f)
         t0 = time.time()
         r = subprocess.run(["basedirected-train", "--run-dir", str(d), *common, "--objective", obj, "--tau", str(tau), "--seed", str(seed),
-                            "--posterior", a.posterior, "--steps", str(a.steps), "--eval-every", str(a.every), "--checkpoint-every", str(a.steps),
+                            "--grad-clip", str(clip), "--posterior", a.posterior, "--steps", str(a.steps), "--eval-every", str(a.every), "--checkpoint-every", str(a.steps),
                             "--no-metrics", "--allow-failed-base"], capture_output=True, text=True, env=env)
         if r.returncode: return c, None, r.stderr[-2000:]
         ev = [json.loads(l) for l in (d / "log.jsonl").read_text().splitlines() if '"split": "eval"' in l]
         return c, {"curve": [(e["step"], e["kl"]) for e in ev], "seconds": time.time() - t0}, None
 
-    cells = list(itertools.product(a.objectives.split(","), [float(t) for t in a.taus.split(",")], [int(s) for s in a.seeds.split(",")]))
+    cells = list(itertools.product(a.objectives.split(","), [float(t) for t in a.taus.split(",")], [float(g) for g in a.grad_clips.split(",")],
+                                   [int(s) for s in a.seeds.split(",")]))
     results = []
     with ThreadPoolExecutor(a.jobs) as pool:
-        for (obj, tau, seed), res, err in pool.map(cell, cells):
-            if err: print(f"{obj} tau {tau} seed {seed}: failed\n{err}", flush=True); continue
+        for (obj, tau, clip, seed), res, err in pool.map(cell, cells):
+            if err: print(f"{obj} tau {tau} clip {clip:g} seed {seed}: failed\n{err}", flush=True); continue
             step = escape_step(res["curve"], a.K)
-            print(f"{a.task} {a.posterior} {obj} tau {tau} seed {seed}: escape step {step if step is not None else 'none'}, "
+            print(f"{a.task} {a.posterior} {obj} tau {tau} clip {clip:g} seed {seed}: escape step {step if step is not None else 'none'}, "
                   f"final rate {res['curve'][-1][1]:.3f} nats ({res['seconds']:.0f} s)  "
                   + " ".join(f"{s}:{k:.3f}" for s, k in res["curve"]), flush=True)
-            results.append({"objective": obj, "tau": tau, "seed": seed, "escape_step": step, **res})
+            results.append({"objective": obj, "tau": tau, "grad_clip": clip, "seed": seed, "escape_step": step, **res})
     (out / "curves.json").write_text(json.dumps({"task": a.task, "regime": a.regime, "posterior": a.posterior, "steps": a.steps,
                                                  "base_gate_passes": gate["passes"], "cells": results}, indent=1))
 
