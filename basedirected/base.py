@@ -27,13 +27,13 @@ __all__ = ['GATE', 'GATE_SAMPLES_PER_INPUT', 'BaseTrainConfig', 'pretrain_base',
 class BaseTrainConfig:
     "Pre-training of $p_\\theta$."
     model: ModelConfig = ModelConfig()  # size of the transformer
-    steps: int = 1500                   # optimizer steps (one-cycle learning rate)
+    steps: int = 1500                   # z-free pre-training steps of the base model (one-cycle learning rate)
     batch_size: int = 64
     lr: float = 3e-3                    # peak learning rate
     weight_decay: float = 0.01
     null_block_fraction: float = 0.5    # share of each batch laid out with <z> <znull> </z>
     input_overrides: dict = field(default_factory=dict)  # task fields changed for a share of the training inputs (`base_training_examples`)
-    override_fraction: float = 0.0      # that share
+    override_fraction: float = 0.0      # that share of the training inputs, drawn with input_overrides (0: the task's own inputs)
     strategy_draws: int = 1             # times each training input is shown, every copy after the first with its strategy drawn again from p(s|x)
     def __post_init__(self):
         for name in ("steps", "batch_size", "strategy_draws"):
@@ -120,6 +120,7 @@ def redraw_strategies(task: Task,               # the task whose prior and trace
 # %% ../nbs/06a_base.ipynb #97c3813b
 class FrozenReference(nn.Module):
     "A frozen copy of $p_\\theta$ that computes $b_{\\theta,t}$ in response coordinates."
+    layout = "base"  # which layout of a selection (`Rows`) it scores: the base layout, without the latent block
     def __init__(self, base: nn.Module):
         super().__init__()
         self.model = copy.deepcopy(base).requires_grad_(False)

@@ -6,9 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
-import linecache
 import os
 import re
 import shutil
@@ -24,9 +22,9 @@ from .model import ModelConfig
 from .runs import RunDir, atomic_write_json, read_json
 
 # %% auto #0
-__all__ = ['EXECUTORS', 'CLUSTERS', 'ClusterConfig', 'field_comments', 'add_dataclass_options', 'dataclass_from_args', 'PackJob',
-           'preset_from_record', 'collect', 'ClusterError', 'resolve_cluster', 'job_resources', 'make_executor',
-           'unfinished_packs', 'record_jobs', 'job_failure', 'watch_jobs', 'submit_sweep']
+__all__ = ['EXECUTORS', 'CLUSTERS', 'ClusterConfig', 'PackJob', 'preset_from_record', 'collect', 'ClusterError',
+           'resolve_cluster', 'job_resources', 'make_executor', 'unfinished_packs', 'record_jobs', 'job_failure',
+           'watch_jobs', 'submit_sweep']
 
 # %% ../nbs/11a_cluster.ipynb #49dcb7c0
 EXECUTORS = ("pool", "submitit")
@@ -59,39 +57,6 @@ class ClusterConfig:
         if self.executor == "pool":
             given = [f.name for f in dataclasses.fields(self) if f.name not in ("executor", "poll_s") and getattr(self, f.name) != f.default]
             if given: raise ValueError(f"--{given[0].replace('_', '-')} is an option of --executor submitit")
-
-# %% ../nbs/11a_cluster.ipynb #68dd980b
-def _class_source(cls) -> str:
-    try: return inspect.getsource(cls)
-    except OSError:  # defined in a notebook cell: the cell's source is in linecache, found through one of the class's own functions
-        for v in vars(cls).values():
-            if hasattr(v, "__code__") and (lines := linecache.getlines(v.__code__.co_filename)): return "".join(lines)
-        raise
-
-def field_comments(cls) -> dict[str, str]:
-    "The comment after each field of dataclass `cls` in its source: the one place its help text is written."
-    out = {}
-    for line in _class_source(cls).splitlines():
-        m = re.match(r"\s+(\w+)\s*:[^#]*#\s*(.+)$", line)
-        if m: out[m.group(1)] = m.group(2).strip()
-    return out
-
-_SCALARS = {"int": int, "float": float, "str": str}
-
-def add_dataclass_options(parser, cls, choices: dict[str, tuple] | None = None, title: str | None = None):
-    "Add one `--field-name` option per field of dataclass `cls` to `parser` (in a group titled `title`), its help its field comment."
-    g, helps, choices = parser.add_argument_group(title) if title else parser, field_comments(cls), choices or {}
-    for f in dataclasses.fields(cls):
-        flag, text = "--" + f.name.replace("_", "-"), helps.get(f.name, "")
-        if f.default is False: g.add_argument(flag, dest=f.name, action="store_true", help=text); continue
-        typ = type(f.default) if f.default is not None else _SCALARS[str(f.type).split("|")[0].strip()]
-        shown = "" if f.default is None else f" (default: {f.default})"
-        g.add_argument(flag, dest=f.name, type=typ, choices=choices.get(f.name), default=f.default, help=text + shown)
-    return g
-
-def dataclass_from_args(cls, args):
-    "An instance of `cls` from the options `add_dataclass_options` added (its checks raise `ValueError` naming the option)."
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 # %% ../nbs/11a_cluster.ipynb #e522e8bd
 class PackJob:

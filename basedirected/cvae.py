@@ -14,14 +14,14 @@ import torch.nn.functional as F
 
 from .distributions import categorical_kl, gaussian_kl
 from .model import Batch, CausalLM, Rows, as_rows, gather_response, layout_tokens
-from .objective import ReconstructionLossConfig, loss_token_weights
+from .objective import ReconstructionLossConfig, free_bits_kl, loss_token_weights, objective
 from .surprisal import token_surprisal
 from .tasks import Example, Vocab
 
 # %% auto #0
 __all__ = ['POSTERIORS', 'CVAEConfig', 'CVAEOutput', 'pooled_hidden', 'with_posterior', 'DiscreteCVAE',
            'shared_prefix_code_losses', 'ContinuousCVAE', 'build_cvae', 'cvae_forward', 'exact_posterior_logits',
-           'exact_objective', 'posterior_forward', 'exact_posterior', 'router_logits']
+           'exact_objective', 'posterior_forward', 'exact_posterior', 'objective_terms', 'router_logits']
 
 # %% ../nbs/07_cvae.ipynb #b06353b4
 POSTERIORS = ("amortized", "exact", "exact+distill")
@@ -29,7 +29,7 @@ POSTERIORS = ("amortized", "exact", "exact+distill")
 @dataclass(frozen=True)
 class CVAEConfig:
     "Latent type and size."
-    latent: str = "discrete"       # 'discrete' | 'continuous'
+    latent: str = "discrete"       # 'discrete' codes or a 'continuous' diagonal Gaussian
     K: int = 4                     # discrete codes (may exceed the number of true strategies)
     latent_dim: int = 4            # continuous z dimension
     code_init_noise: float = 0.02  # relative size of the symmetry-breaking noise on code embeddings
@@ -214,9 +214,13 @@ def build_cvae(base: CausalLM, vocab: Vocab, config: CVAEConfig, seed: int = 0) 
     "The CVAE named by `config.latent`, initialized from `base`."
     return (DiscreteCVAE if config.latent == "discrete" else ContinuousCVAE)(base, vocab, config, seed)
 
-def cvae_forward(model: nn.Module, examples: list[Example], generator: torch.Generator | None = None) -> CVAEOutput:
-    "One forward pass of either CVAE; `generator` seeds the continuous latent's noise (ignored for discrete $z$)."
-    return model(examples, generator) if isinstance(model, ContinuousCVAE) else model(examples)
+def cvae_forward(model: nn.Module,                          # a CVAE, or a wrapper that calls one (a DistributedDataParallel replica)
+                 examples: list[Example] | Rows,
+                 generator: torch.Generator | None = None,  # seeds a continuous latent's noise (ignored for discrete z)
+                 eps: torch.Tensor | None = None,           # a continuous latent's standard-normal noise (B, S, D), drawn by the caller
+                ) -> CVAEOutput:
+    "One forward pass of either CVAE."
+    return model(examples, generator, eps) if model.config.latent == "continuous" else model(examples)
 
 # %% ../nbs/07_cvae.ipynb #3e16410f
 def exact_posterior_logits(code_loss: torch.Tensor,  # L_k: the objective's reconstruction under each code, (B, K)
@@ -248,9 +252,10 @@ def posterior_forward(model: nn.Module,                  # a CVAE
                       beta: float,                       # the step's KL weight
                       generator: torch.Generator | None = None,  # seeds a continuous latent's noise
                       weights=None,                      # `loss_reference_weights` of the batch, if already computed
+                      eps: torch.Tensor | None = None,   # a continuous latent's noise, drawn by the caller (else from `generator`)
                      ) -> CVAEOutput:
     "One forward pass with the model's posterior: amortized $q_\\xi$, or the exact $q^\\star$ of the objective at this β."
-    out = cvae_forward(model, examples, generator)
+    out = cvae_forward(model, examples, generator, eps)
     if model.config.latent != "discrete" or model.config.posterior == "amortized": return out
     W = loss_token_weights(base_nll.to(out.nll_per_code.device), mask.to(out.nll_per_code.device), c_ref, loss, weights=weights)
     return exact_posterior(out, W, beta)
@@ -265,6 +270,25 @@ def exact_posterior(out: CVAEOutput,                # a discrete forward pass wi
     if out.q_logits is not None:  # exact+distill: q_xi learns q* (cross-entropy to the stop-gradient target)
         out.distill = -(q_star_logits.softmax(-1) * torch.log_softmax(out.q_logits, -1)).sum(-1)
     return with_posterior(out, q_star_logits)
+
+# %% ../nbs/07_cvae.ipynb #504e8813
+def objective_terms(out: CVAEOutput,                  # a forward pass with its posterior (`posterior_forward`)
+                    base_nll: torch.Tensor,           # b_t of its examples, (B, T)
+                    mask: torch.Tensor,               # supervision mask, (B, T)
+                    c_ref: float,                     # reference scale c_theta
+                    beta: float,                      # the KL weight
+                    loss: ReconstructionLossConfig,   # the objective's stack
+                    free_bits: float = 0.0,           # free-bits floor on the KL in the loss (nats)
+                    free_bits_mode: str = "batch",    # floor the batch-mean KL, or each latent dimension
+                    weights=None,                     # the batch's `loss_reference_weights`, if already computed
+                   ) -> dict[str, torch.Tensor]:      # every term, 'kl', 'recon', 'loss' (and 'distill')
+    "Every term, the KL and the loss of one forward pass (the objective in float32), with the distillation term when present."
+    terms = objective(out.nll.float(), base_nll, mask, c_ref, out.kl, beta, loss,
+                      kl_for_loss=free_bits_kl(out.kl, out.kl_per_dim, free_bits, free_bits_mode), weights=weights)
+    if out.distill is not None:
+        terms["distill"] = out.distill.mean()
+        terms["loss"] = terms["loss"] + terms["distill"]
+    return terms
 
 # %% ../nbs/07_cvae.ipynb #f59e27d8
 def router_logits(model: DiscreteCVAE, examples: list[Example]) -> torch.Tensor:

@@ -25,7 +25,8 @@ from .objective import OBJECTIVE_NAMES, objectives
 from .runs import (RunConfig, RunDir, atomic_write_bytes, atomic_write_json, environment_record, file_lock, load_checkpoint, prepare_base,
                                prepare_gate, prepare_reference_scale, prepare_run, read_json, remove_temporaries, resolve_device, run_vocab)
 from .tasks import Task, make_splits
-from .train import BaseGateError, build_parser, config_from_args, run_metrics, train_run
+from .cli import build_parser, config_from_args
+from .train import BaseGateError, run_metrics, train_run
 from .groups import pack_groups, train_group
 
 # %% auto #0

@@ -5,15 +5,10 @@
 # %% ../nbs/10a_hf.ipynb #15e5ad18
 from __future__ import annotations
 
-import argparse
 import contextlib
-import dataclasses
 import json
 import math
-import os
-import statistics
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,27 +22,25 @@ except ImportError as e:  # the core package never imports this module
     raise ImportError("basedirected.hf needs transformers and peft: pip install -e '.[hf]'") from e
 
 from .base import SurprisalCache, sample_responses, response_budget
-from .conventions import trusted_values
 from .cvae import CVAEConfig, DiscreteCVAE, posterior_forward, router_logits
-from .metrics import (MetricsConfig, alignment_record, code_perplexity, entropy, generation_scores, information_gain,
+from .metrics import (alignment_record, code_perplexity, entropy, generation_scores, information_gain,
                                   latent_information, marginal_nll, strategy_information)
 from .model import Batch, EncodedExamples, layout_tokens, response_nll
-from .objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig, objectives
-from .runs import (LR_SCHEDULES, RunDir, TrainConfig, atomic_torch_save, atomic_write_bytes, atomic_write_json, environment_record, load_checkpoint, read_json,
-                   check_writable, exclusive_run_dir, read_log, resolve_device, truncate_log)
+from .objective import ReconstructionLossConfig
+from .runs import (ADAPT_MODES, OPTIMIZERS, AdaptConfig, HFRunConfig, Run, RunDir, atomic_write_json, barrier, check_run_dir,
+                               distributed_setup, environment_record, gather_floats, load_checkpoint, load_trained_state, read_json,
+                               read_reference_scale)
 from .surprisal import ReferenceScale, estimate_reference_scale
-from .tasks import Example, Task, batch_indices, task_class
-from .train import objective_terms, task_from_args
+from .tasks import Example, make_task
+from .train import fit
 
 # %% auto #0
-__all__ = ['LAYOUT_SPECIALS', 'ADAPT_MODES', 'OPTIMIZERS', 'HF_RUN_FILES', 'WEIGHT_FILES', 'HFVocab', 'save_tiny_backbone',
-           'HFCausalLM', 'init_new_embeddings', 'load_backbone', 'PairRecord', 'read_pairs', 'pairs_to_examples',
-           'encode_examples', 'EncodedPairs', 'context_length', 'check_context', 'check_context_length', 'HFReference',
-           'PairSurprisalCache', 'AdaptConfig', 'train_rows_only', 'embedding_matrices', 'build_hf_cvae',
-           'hf_reference', 'build_optimizers', 'HFRunConfig', 'distributed_setup', 'hf_reference_scale',
-           'hf_train_step', 'hf_evaluate', 'hf_metrics', 'task_input', 'task_response', 'hf_generation_metrics',
-           'check_hf_run_dir', 'check_hf_inputs', 'check_backbone', 'check_task_data', 'HFRun', 'prepare_hf_run',
-           'hf_kl_weight', 'hf_train', 'hf_run', 'build_hf_parser', 'hf_config_from_args', 'hf_train_main']
+__all__ = ['LAYOUT_SPECIALS', 'WEIGHT_FILES', 'LOADER', 'HFVocab', 'save_tiny_backbone', 'HFCausalLM', 'init_new_embeddings',
+           'load_backbone', 'PairRecord', 'read_pairs', 'pairs_to_examples', 'encode_examples', 'EncodedPairs',
+           'context_length', 'check_context', 'check_context_length', 'HFReference', 'PairSurprisalCache',
+           'train_rows_only', 'embedding_matrices', 'build_hf_cvae', 'hf_reference', 'build_optimizers',
+           'hf_reference_scale', 'hf_metrics', 'task_input', 'task_response', 'hf_generation_metrics',
+           'check_hf_inputs', 'check_backbone', 'check_task_data', 'prepare_hf_run', 'load_hf_run', 'hf_run']
 
 # %% ../nbs/10a_hf.ipynb #23fc6380
 LAYOUT_SPECIALS = ("<x>", "</x>", "<y>", "</y>", "<z>", "</z>", "<znull>")
@@ -263,6 +256,7 @@ def check_context_length(examples: list[Example], limit: int | None, what: str =
 # %% ../nbs/10a_hf.ipynb #e8852b51
 class HFReference:
     "The frozen base $p_\\theta$ that gives $b_{\\theta,t}$ in the null layout: a frozen model, or a LoRA-adapted one with its adapters disabled."
+    layout = "gen"  # which layout of a selection (`Rows`) it scores: the generator's, with <znull> in the code slot
     def __init__(self, model: HFCausalLM,          # the frozen base, or a generator (its base weights never train)
                  adapters_off: bool = False):      # run `model` inside peft's `disable_adapter()` context
         if adapters_off and not hasattr(model.model, "disable_adapter"): raise ValueError("adapters_off needs a peft-wrapped model")
@@ -292,27 +286,6 @@ class PairSurprisalCache(SurprisalCache):
             self.values[idx.to(rows.device), :b.shape[1]] = b
         if world > 1: dist.all_reduce(self.values)  # each row was filled by exactly one process
         self.values = self.values.cpu()
-
-# %% ../nbs/10a_hf.ipynb #62cf6188
-ADAPT_MODES = ("frozen", "lora", "full")
-
-@dataclass(frozen=True)
-class AdaptConfig:
-    "How the backbone adapts: which of its weights the CVAE trains."
-    mode: str = "lora"                 # 'frozen' (code rows and heads), 'lora' (adapters too) or 'full'
-    lora_rank: int = 8                 # r of the LoRA factors
-    lora_alpha: float = 16.0           # LoRA scale alpha (the update is alpha / r * B A)
-    lora_targets: str = "all-linear"   # comma-separated module names, or peft's 'all-linear'
-    def __post_init__(self):
-        if self.mode not in ADAPT_MODES: raise ValueError(f"adapt must be one of {', '.join(ADAPT_MODES)}, got {self.mode!r}")
-        if self.lora_rank < 1: raise ValueError(f"lora_rank must be >= 1, got {self.lora_rank}")
-        if not self.lora_alpha > 0: raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha}")
-        if not self.lora_targets.strip(): raise ValueError("lora_targets must name at least one module (or be 'all-linear')")
-    def lora_config(self) -> "peft.LoraConfig":
-        "peft's configuration of the adapters (no dropout: passes stay deterministic)."
-        targets = "all-linear" if self.lora_targets == "all-linear" else [t.strip() for t in self.lora_targets.split(",") if t.strip()]
-        return peft.LoraConfig(r=self.lora_rank, lora_alpha=self.lora_alpha, target_modules=targets, lora_dropout=0.0)
-    def to_dict(self): return asdict(self)
 
 # %% ../nbs/10a_hf.ipynb #9e43c612
 def train_rows_only(weight: nn.Parameter, rows: torch.Tensor):
@@ -354,8 +327,6 @@ def hf_reference(model: DiscreteCVAE, base: HFCausalLM, adapt: AdaptConfig) -> H
     return HFReference(model.generator, adapters_off=adapt.mode == "lora")
 
 # %% ../nbs/10a_hf.ipynb #578970d3
-OPTIMIZERS = ("adamw", "muon")
-
 def build_optimizers(model: DiscreteCVAE, name: str, lr: float, weight_decay: float = 0.0) -> list[torch.optim.Optimizer]:
     "AdamW over every trainable weight, or Muon over the 2-D weight matrices of the transformer blocks and AdamW over the rest."
     if name not in OPTIMIZERS: raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
@@ -375,69 +346,6 @@ def build_optimizers(model: DiscreteCVAE, name: str, lr: float, weight_decay: fl
     if muon: opts.append(torch.optim.Muon(matrices, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw"))
     return opts
 
-# %% ../nbs/10a_hf.ipynb #6d6facd7
-@dataclass(frozen=True)
-class HFRunConfig:
-    "Everything that determines a run on a Hugging Face backbone (the number of processes does not)."
-    backbone: str                           # directory of the saved model and tokenizer
-    data: str                               # training JSONL
-    eval_data: str | None = None            # held-out JSONL (None: the first n_eval training records)
-    seed: int = 0                           # code noise, LoRA initialization, batches, c_theta samples
-    adapt: AdaptConfig = AdaptConfig()
-    cvae: CVAEConfig = CVAEConfig()
-    objective: str = "theta"                # OBJECTIVE_NAMES
-    loss: ReconstructionLossConfig = ReconstructionLossConfig.theta()
-    train: TrainConfig = TrainConfig()
-    optimizer: str = "adamw"                # 'adamw' or 'muon' (2-D block weights; AdamW for the rest)
-    c_source: str = "model"                 # c_theta from y ~ p_theta (the definition) or from the observed y
-    c_samples: int = 512                    # sampled responses for c_theta (c_source 'model')
-    n_eval: int = 256                       # held-out examples for the metrics
-    task: str | None = None                 # a synthetic task whose checker reads the generations (its exported JSONL), or None
-    regime: str | None = None               # the task's preset (visiting_order: default early)
-    metrics: MetricsConfig = MetricsConfig()  # responses the generation metrics sample (with a task)
-
-    def __post_init__(self):
-        if self.objective not in OBJECTIVE_NAMES: raise ValueError(f"objective must be one of {', '.join(OBJECTIVE_NAMES)}, got {self.objective!r}")
-        if self.optimizer not in OPTIMIZERS: raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
-        if self.c_source not in ("model", "data"): raise ValueError(f"c_source must be 'model' or 'data', got {self.c_source!r}")
-        if self.cvae.latent != "discrete": raise ValueError("latent must be 'discrete' on a Hugging Face backbone")
-        for name in ("c_samples", "n_eval"):
-            if getattr(self, name) < 2: raise ValueError(f"{name} must be >= 2, got {getattr(self, name)}")
-        if self.task is not None: task_class(self.task)  # a registered name or module:Class, else a ValueError that says which
-        if self.regime is not None and self.task is None: raise ValueError("regime needs a task")
-        if self.train.tau is not None: raise ValueError("tau needs a synthetic task's break-even beta*; give beta on a Hugging Face backbone")
-
-    def to_dict(self) -> dict: return asdict(self)
-    @classmethod
-    def from_dict(cls, d: dict) -> "HFRunConfig":
-        "Inverse of `to_dict`."
-        train = dict(d["train"]); train["beta"] = BetaSchedule(**train["beta"])
-        return cls(**{**d, "adapt": AdaptConfig(**d["adapt"]), "cvae": CVAEConfig(**d["cvae"]),
-                      "loss": ReconstructionLossConfig(**d["loss"]), "train": TrainConfig(**train),
-                      "metrics": MetricsConfig(**d.get("metrics", {}))})
-
-# %% ../nbs/10a_hf.ipynb #c3bcb271
-def distributed_setup(device: str = "auto") -> tuple[int, int, torch.device]:
-    "Rank, world size and device of this process: one process, or one of `torchrun`'s (gloo on CPU, nccl on GPU)."
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    dev = resolve_device(device)
-    if world == 1: return 0, 1, dev
-    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    if dev.type == "cuda": dev = torch.device("cuda", local); torch.cuda.set_device(dev)
-    if not dist.is_initialized(): dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-    return rank, world, dev
-
-def _barrier(world: int):
-    if world > 1: dist.barrier()
-
-def _gather_floats(values: list[float], world: int, device) -> list[list[float]]:
-    "Every process's `values` (one list per rank)."
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if world == 1: return [t.tolist()]
-    out = [torch.empty_like(t) for _ in range(world)]
-    dist.all_gather(out, t)
-    return [o.tolist() for o in out]
-
 # %% ../nbs/10a_hf.ipynb #82279b5a
 def hf_reference_scale(reference: HFReference, vocab: HFVocab, examples: list[Example], cache: SurprisalCache,
                        config: HFRunConfig, rank: int = 0, world: int = 1, device="cpu") -> ReferenceScale:
@@ -449,70 +357,11 @@ def hf_reference_scale(reference: HFReference, vocab: HFVocab, examples: list[Ex
         _, surprisals, _ = sample_responses(reference.model, vocab, [examples[i].x for i in mine], max_len=response_budget(examples),
                                             seed=config.seed * 1_000 + rank, codes=["<znull>"] * len(mine), device=device)
     means = [sum(s) / len(s) for s in surprisals]
-    sizes = _gather_floats([len(means)], world, device)
+    sizes = gather_floats([len(means)], world, device)
     width = int(max(s[0] for s in sizes))
-    padded = _gather_floats(means + [0.0] * (width - len(means)), world, device)
+    padded = gather_floats(means + [0.0] * (width - len(means)), world, device)
     pooled = [m for row, s in zip(padded, sizes) for m in row[:int(s[0])]]
     return estimate_reference_scale(torch.tensor(pooled), "model")
-
-# %% ../nbs/10a_hf.ipynb #2796fbb1
-class _Replica:
-    "A DistributedDataParallel-wrapped CVAE that `posterior_forward` can call: the wrapper's forward, the CVAE's config."
-    def __init__(self, ddp: nn.Module): self.ddp, self.config = ddp, ddp.module.config
-    def __call__(self, rows): return self.ddp(rows)
-
-def _shard(idx: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    "This process's equal share of the global minibatch `idx`."
-    return idx.view(world, -1)[rank]
-
-# %% ../nbs/10a_hf.ipynb #1de97c14
-def hf_train_step(forward, model: DiscreteCVAE, opts: list, rows: EncodedPairs, cache: SurprisalCache, c_ref: float,
-                  config: HFRunConfig, step: int, beta: float, rank: int = 0, world: int = 1) -> dict:
-    "One optimizer step on this process's share of global minibatch `step`; the log record holds means over all processes."
-    tc, t0 = config.train, time.perf_counter()
-    lr = tc.lr_at(step)
-    idx = _shard(batch_indices(len(rows), tc.batch_size, config.seed, step), rank, world)
-    batch, (b, mask) = rows.select(idx), cache.lookup(idx)
-    b, mask = b.to(rows.device), mask.to(rows.device)
-    with trusted_values():  # this step checks its own values below
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=rows.device.type == "cuda"):
-            out = posterior_forward(forward, batch, b, mask, c_ref, config.loss, beta)
-        terms = objective_terms(out, b, mask, c_ref, beta, config.loss, tc.free_bits, tc.free_bits_mode)
-    for o in opts:
-        for g in o.param_groups: g["lr"] = lr
-        o.zero_grad(set_to_none=True)
-    terms["loss"].backward()  # several processes: the gradients arrive averaged
-    grad_norm = nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], tc.grad_clip)
-    # one host read: the finiteness flags, every term and the gradient norm (the same on every process after the all-reduce)
-    flags = torch.stack([torch.isfinite(torch.where(mask, out.nll, 0.0)).all(), torch.isfinite(out.kl).all()]).float()
-    *local, grad_norm = torch.cat([flags, torch.stack([v.detach().float() for v in terms.values()]), grad_norm.detach().float().reshape(1)]).tolist()
-    every = _gather_floats(local, world, rows.device)
-    ok = [min(r[i] for r in every) for i in range(2)]
-    values = {k: (max if k == "kappa_max" else statistics.fmean)([r[2 + i] for r in every]) for i, k in enumerate(terms)}
-    record = {"step": step + 1, "split": "train", "beta": beta, "lr": lr}
-    for term, good in (("nll", ok[0]), ("kl", ok[1]), ("loss", math.isfinite(values["loss"])), ("grad_norm", math.isfinite(grad_norm))):
-        if not good:
-            for o in opts: o.zero_grad(set_to_none=True)
-            return {**record, "skipped": term}
-    for o in opts: o.step()
-    return {**record, "grad_norm": grad_norm, **values, "examples_per_s": tc.batch_size / (time.perf_counter() - t0)}
-
-# %% ../nbs/10a_hf.ipynb #2b73b63a
-@torch.no_grad()
-def hf_evaluate(model: DiscreteCVAE, rows: EncodedPairs, cache: SurprisalCache, c_ref: float, loss: ReconstructionLossConfig,
-                beta: float, batch_size: int = 64) -> dict[str, float]:
-    "Every term and the KL on all of `rows`, example-weighted means over batches."
-    was = model.training; model.eval()
-    totals, n = {}, 0
-    for i in range(0, len(rows), batch_size):
-        idx = torch.arange(i, min(i + batch_size, len(rows)))
-        b, mask = cache.lookup(idx)
-        b, mask = b.to(rows.device), mask.to(rows.device)
-        out = posterior_forward(model, rows.select(idx), b, mask, c_ref, loss, beta)
-        for k, v in objective_terms(out, b, mask, c_ref, beta, loss).items(): totals[k] = totals.get(k, 0.0) + v.item() * len(idx)
-        n += len(idx)
-    model.train(was)
-    return {k: v / n for k, v in totals.items()}
 
 # %% ../nbs/10a_hf.ipynb #46438e95
 @torch.no_grad()
@@ -582,32 +431,6 @@ def hf_generation_metrics(model: DiscreteCVAE,          # a CVAE on a Hugging Fa
     return generation_scores(routed, forced, len(task.strategies), traces, seed)
 
 # %% ../nbs/10a_hf.ipynb #498f52bd
-HF_RUN_FILES = ("config.json", "reference_scale.json", "log.jsonl", "checkpoint.pt", "eval.json", "metrics.json", "command.txt")
-
-def check_hf_run_dir(run_dir, config: HFRunConfig):
-    "Refuse (`ValueError` naming the file) a directory holding another run, or a checkpoint the log does not reach."
-    rd = RunDir(run_dir)
-    if rd.path.exists() and not rd.path.is_dir(): raise ValueError(f"{rd.path} is a file, not a directory")
-    check_writable(rd.path)
-    if rd.config.exists() and read_json(rd.config).get("config") != json.loads(json.dumps(config.to_dict())):
-        raise ValueError(f"{rd.path} holds a run with a different configuration; choose another --run-dir or pass --force")
-    if rd.scale.exists():
-        s = read_json(rd.scale).get("scale")
-        v = s.get("value") if isinstance(s, dict) else None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ValueError(f"{rd.scale} holds no positive c_theta ('scale' with a 'value'); delete it to estimate it again")
-    if rd.checkpoint.exists():
-        ck = load_checkpoint(rd.checkpoint)
-        missing = [k for k in ("step", "trainable", "optimizers") if k not in ck]
-        if missing: raise ValueError(f"{rd.checkpoint} lacks {', '.join(missing)}; delete it to start the run again, or rerun with --force")
-        bad = [n for n, t in ck["trainable"].items() if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all()]
-        if bad: raise ValueError(f"{rd.checkpoint} holds non-finite weights ({bad[0]}); delete it to start the run again, or rerun with --force")
-        if "config" in ck and json.loads(json.dumps(ck["config"])) != json.loads(json.dumps(config.to_dict())):
-            raise ValueError(f"{rd.checkpoint} was written by a run with a different configuration; choose another --run-dir or pass --force")
-        step = ck["step"]
-        logged = max((r["step"] for r in read_log(rd.log) if r.get("split") == "train"), default=0)
-        if logged < step: raise ValueError(f"{rd.log} ends at step {logged}, before {rd.checkpoint} (step {step}): the log is incomplete")
-
 def check_hf_inputs(config: HFRunConfig, world: int = 1):
     "Refuse, before anything is written, a backbone path, data file or batch size the run cannot use."
     if not (Path(config.backbone) / "config.json").is_file():
@@ -619,10 +442,6 @@ def check_hf_inputs(config: HFRunConfig, world: int = 1):
     check_backbone(config, records, held[:config.n_eval])
     if config.task is not None: check_task_data(config, held[:config.n_eval])
 
-def _trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    "The trained weights only: the rest is the backbone on disk."
-    names = {n for n, p in model.named_parameters() if p.requires_grad}
-    return {k: v for k, v in model.state_dict().items() if k in names}
 
 # %% ../nbs/10a_hf.ipynb #f8593e63
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -651,7 +470,7 @@ def check_backbone(config: HFRunConfig, records: list[PairRecord], held: list[Pa
 
 def check_task_data(config: HFRunConfig, records: list[PairRecord]) -> None:
     "Refuse a `--task` (or `--regime`) whose checker does not read the data: most of its records must be valid traces of that task."
-    task = task_from_args(argparse.Namespace(task=config.task, regime=config.regime), {})
+    task = make_task(config.task, config.regime)
     def valid(r):
         try: return task.check(task_input(r.prompt), tuple(r.response.split())).valid
         except Exception: return False  # a prompt the task cannot even read
@@ -661,37 +480,11 @@ def check_task_data(config: HFRunConfig, records: list[PairRecord]) -> None:
                                              f"are valid {config.task} traces; is the data exported from that task?")
 
 # %% ../nbs/10a_hf.ipynb #c9db1bef
-@dataclass
-class HFRun:
-    "What a prepared run holds on each process."
-    config: HFRunConfig
-    dir: RunDir
-    rank: int
-    world: int
-    device: torch.device
-    vocab: HFVocab
-    model: DiscreteCVAE
-    reference: HFReference
-    train_rows: EncodedPairs
-    train_cache: SurprisalCache
-    eval_rows: EncodedPairs
-    eval_cache: SurprisalCache
-    eval_strategies: torch.Tensor
-    scale: ReferenceScale
-    c_ref = property(lambda self: self.scale.value)
+LOADER = "basedirected.hf:load_hf_run"  # what a run's config.json names, so that `load_run` rebuilds it
 
-# %% ../nbs/10a_hf.ipynb #bc348cd1
-def prepare_hf_run(run_dir, config: HFRunConfig, device: str = "auto") -> HFRun:
-    "Load the backbone and the data, build the CVAE and its reference, the $b_t$ caches and $\\widehat c_\\theta$ (read back on a resume)."
+def _hf_run(rd: RunDir, config: HFRunConfig, device: str, fresh: bool) -> Run:
+    "The `Run` of `config` on this process: backbone, data, CVAE and its reference, the $b_t$ caches and $\\widehat c_\\theta$ (estimated if `fresh`, else read back)."
     rank, world, device = distributed_setup(device)
-    rd = RunDir(run_dir)
-    if config.train.batch_size % world: raise ValueError(f"batch size {config.train.batch_size} must be divisible by the {world} processes")
-    if rank == 0:
-        check_hf_run_dir(rd.path, config); rd.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(rd.config, {"config": config.to_dict(), "environment": {**environment_record(config.seed), "world_size": world,
-                                      "transformers": transformers.__version__, "peft": peft.__version__}})
-    _barrier(world)
-    fresh_scale = not rd.scale.exists()  # read before any process can write it
     base, vocab = load_backbone(config.backbone, n_latent=max(config.cvae.K, 8))
     base = base.to(device)
     train, names = pairs_to_examples(vocab, read_pairs(config.data))
@@ -705,179 +498,60 @@ def prepare_hf_run(run_dir, config: HFRunConfig, device: str = "auto") -> HFRun:
     # b_t before any training step: the adapters and code rows it never reads leave it unchanged later
     train_cache = PairSurprisalCache(reference, train_rows, rank=rank, world=world)
     eval_cache = PairSurprisalCache(reference, eval_rows, rank=rank, world=world)
-    if not fresh_scale: scale = ReferenceScale(**read_json(rd.scale)["scale"])
+    if not fresh: scale = read_reference_scale(rd.scale, config.c_source)
     else:
         scale = hf_reference_scale(reference, vocab, train, train_cache, config, rank, world, device)
-        if rank == 0: atomic_write_json(rd.scale, {"scale": scale.to_dict(), "world_size": world})
-    return HFRun(config, rd, rank, world, device, vocab, model, reference, train_rows, train_cache.to(device), eval_rows, eval_cache,
-                 torch.tensor([e.strategy for e in held]), scale)
+        data = estimate_reference_scale(train_cache.base_means(), "data")  # the observed y's b_theta: cheap, kept beside the model estimate
+        if rank == 0: atomic_write_json(rd.scale, {config.c_source: scale.to_dict(), "data": data.to_dict(), "used": config.c_source,
+                                                   "c_samples": config.c_samples, "world_size": world})
+    optimizers = lambda m, tc: build_optimizers(m, config.optimizer, tc.lr, tc.weight_decay)
+    return Run(rd, config, device, vocab, train, held, base, scale, model, reference=reference, rank=rank, world=world, optimizers=optimizers,
+               train_rows=train_rows, train_cache=train_cache.to(device), eval_rows=eval_rows, eval_cache=eval_cache)
 
-# %% ../nbs/10a_hf.ipynb #a4f91d2a
-def hf_kl_weight(config: HFRunConfig, step: int, c_ref: float) -> float:
-    "β of `step`: the schedule's value, times $\\widehat c_\\theta$ for the cELBO(β ĉ) control."
-    return float(config.train.beta(step)) * (c_ref if config.train.beta_times_c_ref else 1.0)
+# %% ../nbs/10a_hf.ipynb #bc348cd1
+def prepare_hf_run(run_dir,                    # the run directory (made if absent)
+                   config: HFRunConfig,
+                   device: str = "auto",       # 'auto', 'cpu' or 'cuda' (under torchrun each process takes its LOCAL_RANK GPU)
+                   resume_without_log: bool = False,  # resume from a checkpoint whose log.jsonl is missing
+                  ) -> Run:
+    "A new or resumed run on a Hugging Face backbone, `config.json` written first (by rank 0); the checkpoint is loaded by the training loop."
+    rank, world, _ = distributed_setup(device)
+    rd = RunDir(run_dir)
+    if config.train.batch_size % world: raise ValueError(f"batch size {config.train.batch_size} must be divisible by the {world} processes")
+    if rank == 0:
+        check_run_dir(rd.path, config, resume_without_log); rd.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(rd.config, {"config": config.to_dict(), "loader": LOADER, "environment": {**environment_record(config.seed), "world_size": world,
+                                      "transformers": transformers.__version__, "peft": peft.__version__}})
+    barrier(world)
+    fresh = not rd.scale.exists()  # read before any process can write it
+    barrier(world)
+    return _hf_run(rd, config, device, fresh)
 
-def _save(run: HFRun, opts: list, step: int):
-    if not all(bool(torch.isfinite(p).all()) for p in run.model.parameters() if p.requires_grad):
-        raise FloatingPointError(f"step {step}: the weights are not finite; the last checkpoint was kept")
-    atomic_torch_save(run.dir.checkpoint, {"trainable": _trainable_state(run.model), "optimizers": [o.state_dict() for o in opts],
-                                           "step": step, "config": run.config.to_dict(), "c_ref": run.c_ref})
-
-def _resume(run: HFRun, opts: list) -> int:
-    "Load the checkpoint's trained weights and optimizer states into this process; returns its step (0 without one)."
-    if not run.dir.checkpoint.exists(): return 0
-    ck = load_checkpoint(run.dir.checkpoint)
-    expected = set(_trainable_state(run.model))
-    if set(ck["trainable"]) != expected: raise ValueError(f"{run.dir.checkpoint} holds other trained weights than this configuration trains")
-    run.model.load_state_dict(ck["trainable"], strict=False)
-    for o, s in zip(opts, ck["optimizers"], strict=True): o.load_state_dict(s)
-    return ck["step"]
+def load_hf_run(run_dir, device: str = "cpu") -> Run:
+    "A run on a Hugging Face backbone rebuilt from its directory alone (what `load_run` calls); the CVAE holds the weights of `checkpoint.pt`."
+    rd = RunDir(run_dir)
+    config = HFRunConfig.from_dict(read_json(rd.config)["config"])
+    if not rd.scale.exists(): raise ValueError(f"{rd.scale} is missing: the run stopped before estimating c_theta")
+    run = _hf_run(rd, config, device, fresh=False)
+    if rd.checkpoint.exists(): load_trained_state(run.model, load_checkpoint(rd.checkpoint)["model"], rd.checkpoint)
+    return run
 
 # %% ../nbs/10a_hf.ipynb #fa92d4a9
-def hf_train(run: HFRun, stop_after: int | None = None, progress: bool = False) -> dict:
-    "Train the CVAE of a prepared run (resuming from its checkpoint); rank 0 logs, evaluates and checkpoints. Returns the held-out terms."
-    tc, model, rd, main = run.config.train, run.model, run.dir, run.rank == 0
-    opts = build_optimizers(model, run.config.optimizer, tc.lr, tc.weight_decay)
-    start = _resume(run, opts)
-    forward = model if run.world == 1 else _Replica(nn.parallel.DistributedDataParallel(model))
-    evaluate = lambda step: hf_evaluate(model, run.eval_rows, run.eval_cache, run.c_ref, run.config.loss, hf_kl_weight(run.config, step, run.c_ref))
-    stop = tc.steps if stop_after is None else min(tc.steps, stop_after)
-    steps = range(start, stop)
-    if progress and main:
-        from tqdm.auto import tqdm
-        steps = tqdm(steps, initial=start, total=tc.steps, desc="cvae", leave=False)
-    log, skipped = None, 0
-    if main:
-        truncate_log(rd.log, start); log = open(rd.log, "a")
-        if start == 0 and not any(r.get("split") == "eval" and r["step"] == 0 for r in read_log(rd.log)):
-            log.write(json.dumps({"step": 0, "split": "eval", **evaluate(0)}) + "\n")  # the inert start, measured (once: a rerun before the first checkpoint keeps it)
-        elif (start % tc.eval_every == 0 or start == tc.steps) and not any(r.get("split") == "eval" and r["step"] == start for r in read_log(rd.log)):
-            log.write(json.dumps({"step": start, "split": "eval", **evaluate(start)}) + "\n")  # lost to a torn last line: the checkpoint is that step's model
-    try:
-        model.train()
-        for step in steps:
-            record = hf_train_step(forward, model, opts, run.train_rows, run.train_cache, run.c_ref, run.config, step,
-                                   hf_kl_weight(run.config, step, run.c_ref), run.rank, run.world)
-            if main: log.write(json.dumps(record) + "\n")
-            if "skipped" in record:  # every process sees the same record
-                skipped += 1
-                if skipped > tc.max_nonfinite_steps:
-                    raise FloatingPointError(f"step {step + 1}: {record['skipped']} is not finite ({skipped} non-finite steps); the last good checkpoint is kept")
-                continue
-            if main:
-                if (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps: log.write(json.dumps({"step": step + 1, "split": "eval", **evaluate(step + 1)}) + "\n")
-                if (step + 1) % tc.checkpoint_every == 0 or step + 1 == stop:
-                    log.flush(); os.fsync(log.fileno()); _save(run, opts, step + 1)
-    finally:
-        if log is not None: log.close()
-    _barrier(run.world)
-    return evaluate(stop) if main else {}
-
-# %% ../nbs/10a_hf.ipynb #b2b9b00b
-def hf_run(run_dir, config: HFRunConfig, device: str = "auto", stop_after: int | None = None, progress: bool = False) -> dict:
+def hf_run(run_dir, config: HFRunConfig, device: str = "auto", stop_after: int | None = None, progress: bool = False,
+           metrics: bool = True,                # write metrics.json once the run is complete
+           resume_without_log: bool = False) -> dict:
     "A complete run in `run_dir` on one process or under `torchrun`; at the last step rank 0 writes `eval.json` and `metrics.json`."
-    run = prepare_hf_run(run_dir, config, device)
-    final = hf_train(run, stop_after, progress)
-    if run.rank != 0 or (stop_after is not None and stop_after < config.train.steps): return final
-    beta = hf_kl_weight(config, config.train.steps, run.c_ref)
-    metrics = hf_metrics(run.model, run.eval_rows, run.eval_cache, run.eval_strategies, run.c_ref, config.loss, beta)
+    run = prepare_hf_run(run_dir, config, device, resume_without_log)
+    (final,) = fit([run], progress=progress, stop_after=stop_after)
+    if isinstance(final, Exception): raise final
+    if run.rank != 0 or not metrics or (stop_after is not None and stop_after < config.train.steps): return final
+    beta = run.kl_weight(config.train.steps)
+    m = hf_metrics(run.model, run.eval_rows, run.eval_cache, torch.tensor([e.strategy for e in run.held_out]), run.c_ref, config.loss, beta)
     if config.task is not None:  # the task's checker reads generations under the router and under each forced code
-        task = task_from_args(argparse.Namespace(task=config.task, regime=config.regime), {})
         records = read_pairs(config.eval_data or config.data)[:config.n_eval]
-        held, _ = pairs_to_examples(run.vocab, records)
-        metrics.update({f"gen_{k}": v for k, v in hf_generation_metrics(run.model, run.vocab, held, records, task, config.metrics.n_routed,
-                                                                                  config.metrics.n_forced, seed=config.seed).items()})
-    metrics["eval_split"] = "eval_data" if config.eval_data else "train"
-    atomic_write_json(run.dir.eval, {"c_ref": run.scale.to_dict(), **final})
-    metrics = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in metrics.items()}  # JSON has no NaN
-    atomic_write_json(run.dir.metrics, metrics)
-    return {**final, **{f"metric_{k}": v for k, v in metrics.items()}}
-
-# %% ../nbs/10a_hf.ipynb #81b88c0e
-def build_hf_parser() -> argparse.ArgumentParser:
-    "The `basedirected-hf-train` argument parser."
-    T, p = TrainConfig(), argparse.ArgumentParser(prog="basedirected-hf-train", description="Train a CVAE adapted from a Hugging Face causal LM "
-                                                  "on a JSONL file of prompt/response pairs with the p_theta-directed objective; runs under torchrun as is.")
-    a = p.add_argument
-    a("--backbone", required=True, help="directory of a causal LM and its tokenizer (save_pretrained); nothing is downloaded")
-    a("--data", required=True, help="training JSONL: prompt, response, optional strategy and answer")
-    a("--eval-data", default=None, help="held-out JSONL (default: the first --n-eval training records)")
-    a("--run-dir", default="runs/hf", help="directory for config, c_theta, log, checkpoint, eval and metrics")
-    a("--seed", type=int, default=0, help="seed of code noise, LoRA initialization, batches and c_theta samples")
-    a("--device", default="auto", help="'auto', 'cpu' or 'cuda' (under torchrun each process takes its LOCAL_RANK GPU)")
-    a("--adapt", choices=ADAPT_MODES, default="lora", help="train the code rows and heads only, LoRA adapters too, or every weight")
-    a("--lora-rank", type=int, default=8, help="rank r of the LoRA factors"); a("--lora-alpha", type=float, default=16.0, help="LoRA scale alpha")
-    a("--lora-targets", default="all-linear", help="comma-separated module names that get adapters, or all-linear")
-    a("--latent", choices=("discrete",), default="discrete", help="discrete codes <z1>..<zK>")
-    a("--K", type=int, default=4, help="number of discrete codes")
-    a("--allow-inert", action="store_true", help="allow --K 1, whose discrete latent is inert by construction (a control)")
-    a("--posterior", choices=("amortized", "exact", "exact+distill"), default="amortized", help="the amortized q_xi, the exact q*, or q* distilled into q_xi")
-    a("--objective", choices=OBJECTIVE_NAMES, default="theta", help="the compared objective (theta is J_theta)")
-    a("--alpha", type=float, default=0.5, help="alpha of theta"); a("--gamma", type=float, default=1.0, help="concentration exponent gamma")
-    a("--beta", type=float, default=T.beta.beta, help="KL weight beta (the schedule's target)")
-    a("--steps", type=int, default=T.steps); a("--batch-size", type=int, default=T.batch_size, help="global batch, split over the processes")
-    a("--lr", type=float, default=T.lr); a("--warmup-steps", type=int, default=T.warmup_steps)
-    a("--lr-schedule", choices=LR_SCHEDULES, default=T.lr_schedule, help="after the linear warm-up: constant, or cosine decay to a tenth")
-    a("--weight-decay", type=float, default=T.weight_decay); a("--grad-clip", type=float, default=T.grad_clip)
-    a("--optimizer", choices=OPTIMIZERS, default="adamw", help="AdamW, or Muon for 2-D block weights with AdamW for the rest")
-    a("--c-source", choices=("model", "data"), default="model", help="c_theta from responses sampled from the base, or from the data")
-    a("--c-samples", type=int, default=512, help="sampled responses for c_theta")
-    a("--n-eval", type=int, default=256, help="held-out examples for the metrics")
-    a("--task", default=None, help="the synthetic task the data was exported from (a registered name or module:Class): its checker scores generations "
-      "(answer accuracy, controlled alignment, coverage)")
-    a("--regime", default=None, help="the task's preset (visiting_order: early by default)")
-    a("--eval-every", type=int, default=T.eval_every); a("--checkpoint-every", type=int, default=T.checkpoint_every)
-    a("--max-nonfinite-steps", type=int, default=T.max_nonfinite_steps)
-    a("--stop-after", type=int, default=None, help="stop after this many steps, as if interrupted (rerun to resume)")
-    a("--force", action="store_true", help="delete this package's files in the run directory first")
-    a("--quiet", action="store_true", help="no progress bar")
-    return p
-
-# %% ../nbs/10a_hf.ipynb #4b2a3d5a
-def hf_config_from_args(a: argparse.Namespace) -> HFRunConfig:
-    "Validate the parsed options into an `HFRunConfig`; `ValueError` says what is wrong."
-    obj = objectives(alpha=a.alpha, gamma=a.gamma)[a.objective]
-    if a.K == 1 and not a.allow_inert:
-        raise ValueError("--K 1 leaves a discrete latent inert by construction (one code carries no information); pass --allow-inert to run it as a control")
-    train = dataclasses.replace(TrainConfig(), steps=a.steps, batch_size=a.batch_size, lr=a.lr, lr_schedule=a.lr_schedule, warmup_steps=a.warmup_steps,
-                                weight_decay=a.weight_decay, grad_clip=a.grad_clip, eval_every=a.eval_every, checkpoint_every=a.checkpoint_every,
-                                max_nonfinite_steps=a.max_nonfinite_steps, free_bits=obj.free_bits, beta_times_c_ref=obj.beta_times_c,
-                                beta=obj.beta_schedule(a.beta, max(a.steps, 1)))
-    return HFRunConfig(backbone=str(Path(a.backbone).resolve()), data=str(Path(a.data).resolve()),
-                       eval_data=None if a.eval_data is None else str(Path(a.eval_data).resolve()), seed=a.seed,
-                       adapt=AdaptConfig(a.adapt, a.lora_rank, a.lora_alpha, a.lora_targets),
-                       cvae=CVAEConfig(latent=a.latent, K=a.K, posterior=a.posterior), objective=a.objective, loss=obj.loss, train=train,
-                       optimizer=a.optimizer, c_source=a.c_source, c_samples=a.c_samples, n_eval=a.n_eval, task=a.task, regime=a.regime)
-
-def hf_train_main(argv: list[str] | None = None) -> int:
-    "Console entry point `basedirected-hf-train` (one process, or each of `torchrun`'s)."
-    import shlex, sys
-    parser = build_hf_parser()
-    a = parser.parse_args(argv)
-    rd, held = RunDir(a.run_dir), contextlib.ExitStack()
-    main = int(os.environ.get("RANK", "0")) == 0
-    try:
-        if not a.run_dir.strip(): raise ValueError("--run-dir must name a directory, got an empty string")
-        if a.stop_after is not None and a.stop_after < 1: raise ValueError(f"--stop-after must be >= 1, got {a.stop_after}")
-        config = hf_config_from_args(a)
-        check_hf_inputs(config, int(os.environ.get("WORLD_SIZE", "1")))
-        if main: held.enter_context(exclusive_run_dir(rd.path))  # one process per run directory (rank 0 writes), before --force deletes
-        if a.force and main and rd.path.is_dir():
-            if any(rd.path.iterdir()) and not rd.is_run():
-                raise ValueError(f"--force: {rd.path} is not a run directory (no config.json written by this package); nothing was deleted")
-            for name in HF_RUN_FILES: (rd.path / name).unlink(missing_ok=True)
-        if main: check_hf_run_dir(rd.path, config)
-    except (ValueError, KeyError) as e: held.close(); parser.error(str(e))  # exits 2 with one line
-    t0 = time.perf_counter()
-    with held:
-        try: final = hf_run(rd.path, config, a.device, a.stop_after, progress=not a.quiet)
-        except (ValueError, FloatingPointError) as e: parser.exit(2, f"{parser.prog}: error: {e}\n")
-        except OSError as e: parser.exit(2, f"{parser.prog}: error: {e.filename or rd.path}: {e.strerror or e}; nothing already written was lost\n")
-        finally:
-            if dist.is_initialized(): dist.destroy_process_group()
-    if main:
-        atomic_write_bytes(rd.command, ("basedirected-hf-train " + shlex.join(argv if argv is not None else sys.argv[1:]) + "\n").encode())
-        print(f"run directory: {rd.path}  ({time.perf_counter() - t0:.1f} s)")
-        for k in ("loss", "theta", "kl", "metric_I_zxy", "metric_drift"):
-            if k in final: print(f"  {k:>14s} = {final[k]:.4f}")
-    return 0
+        m.update({f"gen_{k}": v for k, v in hf_generation_metrics(run.model, run.vocab, run.held_out, records, make_task(config.task, config.regime),
+                                                                   config.metrics.n_routed, config.metrics.n_forced, seed=config.seed).items()})
+    m["eval_split"] = "eval_data" if config.eval_data else "train"
+    m = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in m.items()}  # JSON has no NaN
+    atomic_write_json(run.dir.metrics, m)
+    return {**final, **{f"metric_{k}": v for k, v in m.items()}}

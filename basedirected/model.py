@@ -51,7 +51,7 @@ def causal_attention(q, k, v,          # (B, H, L, d_head) queries, keys and val
 
 class Block(nn.Module):
     "Pre-norm transformer block: causal self-attention and an MLP, each on a residual branch."
-    # attention has no parameters, so it is replaceable: a group of runs folds its run dimension into one call (notebook 10b)
+    # attention has no parameters, so it is replaceable: a group of runs folds its run dimension into one call (notebook 10c)
     attention = staticmethod(causal_attention)
 
     def __init__(self, c: ModelConfig):

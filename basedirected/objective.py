@@ -57,8 +57,8 @@ class ReconstructionLossConfig(_LossPresets):
     lambda_inv_tok: float = 0.0  # inverse-surprisal ablation (normalized, corrected)
     lambda_topk: float = 0.0     # top-k% surprisal selection (selective LM), no correction
     lambda_mean1: float = 0.0    # mean-one surprisal weights mixed with uniform, no correction
-    alpha: float = 0.5           # paper alpha: uniform vs corrected mix of the logged `theta` term
-    gamma: float = 1.0           # paper gamma: concentration exponent of every token weight
+    alpha: float = 0.5           # paper alpha in [0, 1]: mix of uniform (1) and surprisal-directed corrected (0) token pressure
+    gamma: float = 1.0           # paper gamma >= 0: concentration exponent of the surprisal weights b_t^gamma
     token_reduction: str = "mean"  # 'mean' or 'sum' for R_std
     topk_fraction: float = 0.2     # share of response tokens kept by `topk`
     mean_one_lambda: float = 0.5   # interpolation of `mean1` (1 = pure mean-one surprisal weights)
@@ -86,9 +86,9 @@ BETA_SCHEDULES = ("constant", "linear", "zero_then_linear", "cyclical")
 @dataclass(frozen=True)
 class BetaSchedule:
     "A step-based KL weight $\\beta(\\text{step})$."
-    kind: str = "constant"       # 'constant' | 'linear' | 'zero_then_linear' | 'cyclical'
-    beta: float = 0.2            # the target KL weight
-    warmup_steps: int = 100      # linear / zero_then_linear ramp length
+    kind: str = "constant"       # the KL weight's schedule: 'constant', 'linear', 'zero_then_linear' or 'cyclical'
+    beta: float = 0.2            # KL weight beta >= 0 (the schedule's target)
+    warmup_steps: int = 100      # ramp length of the linear and zero_then_linear schedules
     zero_steps: int = 50         # zero_then_linear: steps at beta = 0
     period: int = 100            # cyclical: cycle length
     ramp_fraction: float = 0.5   # cyclical: share of each cycle spent ramping

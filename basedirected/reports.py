@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from .base import SurprisalCache
-from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, add_dataclass_options, collect, dataclass_from_args, submit_sweep
+from .cli import add_dataclass_options, dataclass_from_args
+from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, submit_sweep
 from .experiments import PRESETS, execute
 from .train import NonFiniteError
 from .reconstruction import TERM_NAMES

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
+import importlib
 import json
 import math
 import os
@@ -20,6 +21,7 @@ from functools import cached_property
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from .base import (GATE, GATE_SAMPLES_PER_INPUT, BaseTrainConfig, FrozenReference, SurprisalCache, base_gate,
@@ -30,15 +32,17 @@ from .metrics import MetricsConfig, break_even_beta
 from .model import EncodedExamples, ModelConfig, TinyCausalLM, layout_tokens
 from .objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig
 from .surprisal import ReferenceScale, estimate_reference_scale
-from .tasks import Example, Task, Vocab, make_splits, task_from_dict
+from .tasks import Example, Task, Vocab, make_splits, task_class, task_from_dict
 from .visiting_order import VisitingOrder
 
 # %% auto #0
-__all__ = ['LR_SCHEDULES', 'TrainConfig', 'RunConfig', 'RunDir', 'atomic_write_bytes', 'atomic_write_json', 'atomic_torch_save',
-           'load_checkpoint', 'read_json', 'file_lock', 'exclusive_run_dir', 'remove_temporaries', 'read_log',
-           'truncate_log', 'environment_record', 'resolve_device', 'run_vocab', 'load_base', 'prepare_base',
-           'prepare_reference_scale', 'prepare_gate', 'Run', 'check_writable', 'check_run_dir', 'RunInputError',
-           'check_sequence_lengths', 'prepare_run', 'load_run']
+__all__ = ['LR_SCHEDULES', 'ADAPT_MODES', 'OPTIMIZERS', 'TrainConfig', 'RunConfig', 'AdaptConfig', 'HFRunConfig', 'RunDir',
+           'atomic_write_bytes', 'atomic_write_json', 'atomic_torch_save', 'load_checkpoint', 'read_json',
+           'trained_state', 'load_trained_state', 'file_lock', 'exclusive_run_dir', 'remove_temporaries', 'read_log',
+           'truncate_log', 'environment_record', 'resolve_device', 'run_vocab', 'distributed_setup', 'barrier',
+           'gather_floats', 'shard_indices', 'load_base', 'prepare_base', 'prepare_reference_scale', 'prepare_gate',
+           'Run', 'read_reference_scale', 'check_writable', 'check_run_dir', 'RunInputError', 'check_sequence_lengths',
+           'prepare_run', 'load_run']
 
 # %% ../nbs/09_runs.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
@@ -46,21 +50,21 @@ LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosi
 @dataclass(frozen=True)
 class TrainConfig:
     "Optimisation of the CVAE."
-    steps: int = 300                         # optimizer steps
-    batch_size: int = 32
+    steps: int = 300                         # CVAE optimizer steps
+    batch_size: int = 32                     # examples per step (the global batch, split over the processes under torchrun)
     lr: float = 1e-3                         # AdamW learning rate after warm-up
     lr_schedule: str = "cosine"              # 'cosine' decay to lr_min_ratio * lr after warm-up, or 'constant' (a flat rate
                                              # degrades the base the generator starts from: notebook 10)
     lr_min_ratio: float = 0.1                # cosine: the final learning rate as a share of lr
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0                   # gradient-norm clipping
-    warmup_steps: int = 20                   # linear learning-rate warm-up
+    weight_decay: float = 0.0                # AdamW weight decay
+    grad_clip: float = 1.0                   # gradient-norm clipping threshold (1e6: none in effect)
+    warmup_steps: int = 20                   # steps of linear learning-rate warm-up
     beta: BetaSchedule = BetaSchedule()      # the KL weight per step
     tau: float | None = None                 # the KL weight as a share of the objective's break-even beta* (resolved from the base
                                              # and the task before training; the schedule's shape is kept); None: beta.beta is it
     beta_times_c_ref: bool = False           # multiply the KL weight by c_theta (the cELBO(beta c_theta) control)
-    free_bits: float = 0.0                   # free-bits floor on the KL in the loss
-    free_bits_mode: str = "batch"            # 'batch' or 'dimension'
+    free_bits: float = 0.0                   # free-bits floor on the KL in the loss (nats)
+    free_bits_mode: str = "batch"            # floor the batch-mean KL ('batch') or each latent dimension's ('dimension')
     eval_every: int = 100                    # held-out evaluation period (steps)
     checkpoint_every: int = 100              # checkpoint period (steps)
     recompute_reference: bool = False        # run the frozen reference every step instead of the cache
@@ -98,8 +102,8 @@ class RunConfig:
     base_seed: int | None = None                    # the data split, the base model, c_theta and its gate (None: seed), so that
                                                     # several CVAE seeds can share one base
     task: Task = VisitingOrder()                    # the synthetic task and its regime
-    n_train: int = 20000
-    n_eval: int = 512
+    n_train: int = 20000                            # training examples
+    n_eval: int = 512                               # held-out examples (inputs unseen in training)
     base: BaseTrainConfig = BaseTrainConfig()       # the base model and its pre-training
     cvae: CVAEConfig = CVAEConfig()                 # the latent
     objective: str = "theta"                        # name of the compared objective (OBJECTIVE_NAMES or 'custom')
@@ -139,6 +143,70 @@ class RunConfig:
         return cls(**{**d, "task": task_from_dict(d["task"]), "base": BaseTrainConfig(**base), "cvae": CVAEConfig(**d["cvae"]),
                       "loss": ReconstructionLossConfig(**d["loss"]), "train": TrainConfig(**train),
                       "metrics": MetricsConfig(**d.get("metrics", {}))})  # records written before generation sizes were configured
+
+# %% ../nbs/09_runs.ipynb #67650660
+ADAPT_MODES = ("frozen", "lora", "full")
+OPTIMIZERS = ("adamw", "muon")
+
+@dataclass(frozen=True)
+class AdaptConfig:
+    "How the backbone adapts: which of its weights the CVAE trains."
+    mode: str = "lora"                 # what trains: 'frozen' (the code rows and heads), 'lora' (adapters too) or 'full' (every weight)
+    lora_rank: int = 8                 # rank r of the LoRA factors
+    lora_alpha: float = 16.0           # LoRA scale alpha (the update is alpha / r * B A)
+    lora_targets: str = "all-linear"   # comma-separated module names that get adapters, or peft's 'all-linear'
+    def __post_init__(self):
+        if self.mode not in ADAPT_MODES: raise ValueError(f"adapt must be one of {', '.join(ADAPT_MODES)}, got {self.mode!r}")
+        if self.lora_rank < 1: raise ValueError(f"lora_rank must be >= 1, got {self.lora_rank}")
+        if not self.lora_alpha > 0: raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha}")
+        if not self.lora_targets.strip(): raise ValueError("lora_targets must name at least one module (or be 'all-linear')")
+    def lora_config(self) -> "peft.LoraConfig":
+        "peft's configuration of the adapters (no dropout: passes stay deterministic)."
+        import peft
+        targets = "all-linear" if self.lora_targets == "all-linear" else [t.strip() for t in self.lora_targets.split(",") if t.strip()]
+        return peft.LoraConfig(r=self.lora_rank, lora_alpha=self.lora_alpha, target_modules=targets, lora_dropout=0.0)
+    def to_dict(self): return asdict(self)
+
+# %% ../nbs/09_runs.ipynb #45c1a6f0
+@dataclass(frozen=True)
+class HFRunConfig:
+    "Everything that determines a run on a Hugging Face backbone (the number of processes does not)."
+    backbone: str                           # directory of a causal LM and its tokenizer (save_pretrained); nothing is downloaded
+    data: str                               # training JSONL: prompt, response, optional strategy and answer
+    eval_data: str | None = None            # held-out JSONL (None: the first n_eval training records)
+    seed: int = 0                           # seed of the code noise, the LoRA initialization, the batches and the c_theta samples
+    adapt: AdaptConfig = AdaptConfig()
+    cvae: CVAEConfig = CVAEConfig()
+    objective: str = "theta"                # OBJECTIVE_NAMES, or 'custom'
+    loss: ReconstructionLossConfig = ReconstructionLossConfig.theta()
+    train: TrainConfig = TrainConfig()
+    optimizer: str = "adamw"                # AdamW, or Muon for the 2-D weights of the transformer blocks with AdamW for the rest
+    c_source: str = "model"                 # c_theta from y ~ p_theta (the definition) or from the observed y
+    c_samples: int = 512                    # sampled responses for c_theta (c_source 'model')
+    n_eval: int = 256                       # held-out examples for the metrics
+    task: str | None = None                 # a synthetic task whose checker reads the generations (its exported JSONL), or None
+    regime: str | None = None               # the task's preset
+    metrics: MetricsConfig = MetricsConfig()  # responses the generation metrics sample (with a task)
+
+    def __post_init__(self):
+        if self.objective not in OBJECTIVE_NAMES + ("custom",): raise ValueError(f"objective must be one of {', '.join(OBJECTIVE_NAMES)} or custom, got {self.objective!r}")
+        if self.optimizer not in OPTIMIZERS: raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.c_source not in ("model", "data"): raise ValueError(f"c_source must be 'model' or 'data', got {self.c_source!r}")
+        if self.cvae.latent != "discrete": raise ValueError("latent must be 'discrete' on a Hugging Face backbone")
+        for name in ("c_samples", "n_eval"):
+            if getattr(self, name) < 2: raise ValueError(f"{name} must be >= 2, got {getattr(self, name)}")
+        if self.task is not None: task_class(self.task)  # a registered name or module:Class, else a ValueError that says which
+        if self.regime is not None and self.task is None: raise ValueError("regime needs a task")
+        if self.train.tau is not None: raise ValueError("tau needs a synthetic task's break-even beta*; give beta on a Hugging Face backbone")
+
+    def to_dict(self) -> dict: return asdict(self)
+    @classmethod
+    def from_dict(cls, d: dict) -> "HFRunConfig":
+        "Inverse of `to_dict`."
+        train = dict(d["train"]); train["beta"] = BetaSchedule(**train["beta"])
+        return cls(**{**d, "adapt": AdaptConfig(**d["adapt"]), "cvae": CVAEConfig(**d["cvae"]),
+                      "loss": ReconstructionLossConfig(**d["loss"]), "train": TrainConfig(**train),
+                      "metrics": MetricsConfig(**d.get("metrics", {}))})
 
 # %% ../nbs/09_runs.ipynb #7d7e3f85
 def _is_run_record(d: dict) -> bool: return isinstance(d.get("config"), dict) and isinstance(d.get("environment"), dict)
@@ -206,6 +274,22 @@ def read_json(path: Path) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError): raise ValueError(f"{path} is not valid JSON; delete it or rerun with --force") from None
     if not isinstance(d, dict): raise ValueError(f"{path} holds a JSON {type(d).__name__}, not the object this package writes; delete it or rerun with --force")
     return d
+
+# %% ../nbs/09_runs.ipynb #45f8e298
+def trained_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    "The weights training changes, by state-dict name: every parameter that requires gradient (what a checkpoint saves)."
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in model.state_dict().items() if k in names}
+
+def load_trained_state(model: nn.Module,       # the CVAE, built as its run builds it
+                       state: dict,            # `trained_state` as a checkpoint saved it
+                       path: Path,             # the checkpoint, named in the error
+                      ) -> None:
+    "Load a checkpoint's trained weights into `model`; `ValueError` names `path` when it holds other weights than `model` trains."
+    expected, own = set(trained_state(model)), set(model.state_dict())
+    if not expected <= set(state) or not set(state) <= own:
+        raise ValueError(f"{path} holds other trained weights than this configuration trains; delete it to start the run again, or rerun with --force")
+    model.load_state_dict(state, strict=False)
 
 # %% ../nbs/09_runs.ipynb #a6afc69f
 @contextmanager
@@ -292,6 +376,34 @@ def run_vocab(config: RunConfig) -> Vocab:
     "The vocabulary of a run: the task's tokens and enough latent codes for its CVAE (at least 8, so runs share ids)."
     return Vocab.for_task(config.task, n_latent=max(config.cvae.K, 8))
 
+# %% ../nbs/09_runs.ipynb #4132ed6d
+def distributed_setup(device: str = "auto") -> tuple[int, int, torch.device]:
+    "Rank, world size and device of this process: one process, or one of `torchrun`'s (gloo on CPU, nccl on GPU)."
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dev = resolve_device(device)
+    if world == 1: return 0, 1, dev
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if dev.type == "cuda": dev = torch.device("cuda", local); torch.cuda.set_device(dev)
+    if not dist.is_initialized(): dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    return rank, world, dev
+
+def barrier(world: int):
+    "Wait for every process (nothing to wait for in one)."
+    if world > 1: dist.barrier()
+
+def gather_floats(values: list[float], world: int, device) -> list[list[float]]:
+    "Every process's `values` (one list per rank, equal lengths)."
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if world == 1: return [t.tolist()]
+    out = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(out, t)
+    return [o.tolist() for o in out]
+
+def shard_indices(idx: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    "Process `rank`'s equal, contiguous share of the global minibatch `idx`."
+    if len(idx) % world: raise ValueError(f"a batch of {len(idx)} does not split over {world} processes")
+    return idx.view(world, -1)[rank]
+
 # %% ../nbs/09_runs.ipynb #1bdfc05e
 def _same(a, b) -> bool:
     "Equal once written as JSON (tuples and lists alike)."
@@ -329,7 +441,7 @@ def prepare_reference_scale(run_dir: Path, base, vocab, train, reference, config
     path = RunDir(run_dir).scale
     if path.exists():
         d = read_json(path)  # reused only when made from the same base with the same sample size
-        if d.get("c_samples") == config.c_samples and _same(d.get("base"), _base_key(config)): return ReferenceScale(**d[config.c_source])
+        if d.get("c_samples") == config.c_samples and _same(d.get("base"), _base_key(config)): return read_reference_scale(path, config.c_source)
     model_scale, truncated = estimate_model_reference_scale(base, vocab, train, n=config.c_samples, seed=config.data_seed, device=device)
     data_scale = estimate_reference_scale(SurprisalCache(reference, vocab, train[:config.c_samples], device=device).base_means(), "data")
     atomic_write_json(path, {"model": model_scale.to_dict(), "data": data_scale.to_dict(), "c_samples": config.c_samples,
@@ -351,12 +463,26 @@ def prepare_gate(run_dir: Path, base, vocab, config: RunConfig, held_out: list[E
 
 # %% ../nbs/09_runs.ipynb #afd03874
 class Run:
-    "Everything a run holds: configuration, vocabulary, splits, base, frozen reference, $\\widehat c_\\theta$, caches and the CVAE."
-    def __init__(self, dir: RunDir, config: RunConfig, device: torch.device, vocab: Vocab, train: list[Example],
-                 held_out: list[Example], base: TinyCausalLM, scale: ReferenceScale, model: nn.Module):
+    "Everything a prepared run holds, whatever its backbone: configuration, vocabulary, splits, base, frozen reference, $\\widehat c_\\theta$, the CVAE, its rows and $b_t$ caches, and the process's place among `torchrun`'s."
+    def __init__(self, dir: RunDir,                   # its directory
+                 config,                              # `RunConfig`, or `HFRunConfig` on a Hugging Face backbone
+                 device: torch.device,
+                 vocab,                               # the task's `Vocab`, or the backbone's tokenizer vocabulary
+                 train: list[Example],                # the training split
+                 held_out: list[Example],             # the held-out split
+                 base: nn.Module,                     # the base model p_theta
+                 scale: ReferenceScale,               # c_theta
+                 model: nn.Module,                    # the CVAE
+                 reference=None,                      # the frozen reference (None: a frozen copy of `base`)
+                 rank: int = 0,                       # this process's rank under torchrun
+                 world: int = 1,                      # the number of processes
+                 optimizers=None,                     # (model, TrainConfig) -> optimizers (None: AdamW over every trained weight)
+                 **prepared):                         # train_rows, train_cache, eval_rows, eval_cache a backbone's preparer made already
         self.dir, self.config, self.device, self.vocab, self.train, self.held_out = dir, config, device, vocab, train, held_out
-        self.base, self.scale, self.model = base, scale, model
-        self.reference = FrozenReference(base)
+        self.base, self.scale, self.model, self.rank, self.world = base, scale, model, rank, world
+        self.reference = FrozenReference(base) if reference is None else reference
+        self._optimizers = optimizers
+        self.__dict__.update(prepared)  # the cached properties below make what a preparer did not
 
     task = property(lambda self: self.config.task)
     c_ref = property(lambda self: self.scale.value)
@@ -371,6 +497,16 @@ class Run:
         return EncodedExamples(self.vocab, self.train, self.device)
     @cached_property
     def eval_cache(self) -> SurprisalCache: return SurprisalCache(self.reference, self.vocab, self.held_out, device=self.device)
+    @cached_property
+    def eval_rows(self) -> EncodedExamples:
+        "The held-out split encoded once on the run's device (evaluation selects its batches from it)."
+        return EncodedExamples(self.vocab, self.held_out, self.device)
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        "Fresh optimizers over the weights that train: AdamW, or what the backbone's preparer chose (Muon beside AdamW)."
+        tc = self.config.train
+        if self._optimizers is not None: return self._optimizers(self.model, tc)
+        return [torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=tc.lr, weight_decay=tc.weight_decay)]
 
     def log(self) -> list[dict]: return read_log(self.dir.log)
     @cached_property
@@ -386,17 +522,25 @@ class Run:
     def gate(self) -> dict: return prepare_gate(self.dir.path, self.base, self.vocab, self.config, self.held_out, self.device)
 
 # %% ../nbs/09_runs.ipynb #41858f09
-def _check_scale_file(path: Path) -> None:
-    "`reference_scale.json` holds both estimates of c_theta, each a positive finite number (`ValueError` names the file otherwise)."
+def read_reference_scale(path: Path, source: str) -> ReferenceScale:
+    "The `source` estimate ('model' or 'data') of $\\widehat c_\\theta$ in a `reference_scale.json`."
     d = read_json(path)
-    if not {"model", "data", "c_samples"} <= set(d): raise ValueError(f"{path} lacks the c_theta estimates; delete it to estimate them again")
+    if not isinstance(d.get(source), dict): raise ValueError(f"{path} holds no {source} estimate of c_theta; delete it to estimate it again")
+    return ReferenceScale(**d[source])
+
+def _check_scale_file(path: Path) -> None:
+    "`reference_scale.json` holds the estimate its run uses, and every estimate it holds is a positive finite number (`ValueError` names the file otherwise)."
+    d = read_json(path)
+    if d.get("used") not in ("model", "data") or "c_samples" not in d or d["used"] not in d:
+        raise ValueError(f"{path} lacks the c_theta estimates; delete it to estimate them again")
     for source in ("model", "data"):
+        if source not in d: continue  # a run on a Hugging Face backbone samples the model estimate only when it uses it
         v = d[source].get("value") if isinstance(d[source], dict) else None
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             raise ValueError(f"{path}: the {source} estimate of c_theta is {v!r}, not a positive number; delete the file to estimate it again")
 
 def _checked_checkpoint(path: Path) -> dict:
-    "A CVAE checkpoint with its step, weights, optimizer state and configuration, every weight finite (`ValueError` names the file otherwise)."
+    "A CVAE checkpoint with its step, trained weights, optimizer states and configuration, every weight finite (`ValueError` names the file otherwise)."
     ck = load_checkpoint(path)
     missing = [k for k in ("step", "model", "optimizer", "config") if k not in ck]
     if missing: raise ValueError(f"{path} lacks {', '.join(missing)}; delete it to start the run again, or rerun with --force")
@@ -449,37 +593,46 @@ def check_sequence_lengths(config: RunConfig, examples: list[Example]) -> None:
 
 # %% ../nbs/09_runs.ipynb #d5870f80
 def prepare_run(run_dir: Path, config: RunConfig, device: str = "auto", progress: bool = False, resume_without_log: bool = False) -> Run:
-    "Everything a new or resumed run needs, with `config.json` written first; the CVAE is freshly initialized from the base."
+    "Everything a new or resumed run needs, with `config.json` written first; the CVAE is freshly initialized from the base. Under `torchrun` rank 0 writes every file and the other processes read them."
     rd = RunDir(run_dir)
-    check_run_dir(rd.path, config, resume_without_log)
-    device = resolve_device(device)
+    rank, world, device = distributed_setup(device)
+    if rank == 0: check_run_dir(rd.path, config, resume_without_log)
     if config.threads: torch.set_num_threads(config.threads)
     train, held_out = make_splits(config.task, config.n_train, config.n_eval, seed=config.data_seed)
     check_sequence_lengths(config, train + held_out)  # before anything is written
-    rd.path.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(rd.config, {"config": config.to_dict(), "environment": environment_record(config.seed)})
     vocab = run_vocab(config)
-    base = prepare_base(rd.path, vocab, train, config, device, progress, held_out)
-    scale = prepare_reference_scale(rd.path, base, vocab, train, FrozenReference(base), config, device)
+    if rank == 0:
+        rd.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(rd.config, {"config": config.to_dict(), "environment": {**environment_record(config.seed), "world_size": world}})
+    for turn in (0, 1):  # rank 0 trains the base and estimates c_theta; then the others find them on disk
+        if (rank == 0) == (turn == 0):
+            base = prepare_base(rd.path, vocab, train, config, device, progress and rank == 0, held_out)
+            scale = prepare_reference_scale(rd.path, base, vocab, train, FrozenReference(base), config, device)
+            if world > 1 and rank == 0: prepare_gate(rd.path, base, vocab, config, held_out, device)  # measured once, read by every process
+        if turn == 0: barrier(world)
     torch.manual_seed(config.seed)
     model = build_cvae(base, vocab, config.cvae, seed=config.seed).to(device)
-    run = Run(rd, config, device, vocab, train, held_out, base, scale, model)
+    run = Run(rd, config, device, vocab, train, held_out, base, scale, model, rank=rank, world=world)
     if config.train.tau is not None: run.beta_star  # resolved before any training, so a task without a break-even fails here
     return run
 
 # %% ../nbs/09_runs.ipynb #8fa6cc9a
 def load_run(run_dir: Path, device: str = "cpu") -> Run:
-    "A run rebuilt from its directory alone; the CVAE holds the weights of `checkpoint.pt` (fresh from the base if there is none)."
+    "A run rebuilt from its directory alone, whatever its backbone; the CVAE holds the weights of `checkpoint.pt` (fresh from the base if there is none)."
     rd = RunDir(run_dir)
     if not rd.is_run(): raise ValueError(f"{rd.path} is not a run directory (no config.json)")
-    config, device = RunConfig.from_dict(read_json(rd.config)["config"]), resolve_device(device)
+    record = read_json(rd.config)
+    if record.get("loader"):  # a run on another backbone names the function that rebuilds it ("module:function")
+        module, _, name = record["loader"].partition(":")
+        return getattr(importlib.import_module(module), name)(rd.path, device)
+    config, device = RunConfig.from_dict(record["config"]), resolve_device(device)
     vocab = run_vocab(config)
     base = load_base(rd.path, vocab, config)
     if base is None: raise ValueError(f"{rd.base} is missing or was made for another configuration")
     if not rd.scale.exists(): raise ValueError(f"{rd.scale} is missing: the run stopped before estimating c_theta")
-    scale = ReferenceScale(**read_json(rd.scale)[config.c_source])
+    scale = read_reference_scale(rd.scale, config.c_source)
     train, held_out = make_splits(config.task, config.n_train, config.n_eval, seed=config.data_seed)
     base = base.to(device)
     model = build_cvae(base, vocab, config.cvae, seed=config.seed).to(device)
-    if rd.checkpoint.exists(): model.load_state_dict(load_checkpoint(rd.checkpoint)["model"])
+    if rd.checkpoint.exists(): load_trained_state(model, load_checkpoint(rd.checkpoint)["model"], rd.checkpoint)
     return Run(rd, config, device, vocab, train, held_out, base, scale, model)

@@ -19,7 +19,8 @@ import torch
 
 # %% auto #0
 __all__ = ['SPECIALS', 'Example', 'TaskCheck', 'wilson_interval', 'rate_record', 'prefix_surprisal', 'Task', 'task_from_dict',
-           'task_class', 'Vocab', 'make_splits', 'epoch_permutation', 'batch_indices', 'example_record', 'export_jsonl']
+           'task_class', 'make_task', 'Vocab', 'make_splits', 'epoch_permutation', 'batch_indices', 'example_record',
+           'export_jsonl']
 
 # %% ../nbs/05_tasks.ipynb #c7a84b6f
 @dataclass(frozen=True)
@@ -166,6 +167,19 @@ def task_class(spec: str,  # a registered name (`Task.registry`), or `module:Cla
     if not (isinstance(obj, type) and issubclass(obj, Task)): raise ValueError(f"task {spec}: {module} has no Task subclass {qualname!r}")
     if "name" not in vars(obj): raise ValueError(f"task {spec}: {qualname} sets no `name`, so its runs could not be read back")
     return obj
+
+def make_task(spec: str,                 # what `task_class` reads: a registered name or module:Class
+              regime: str | None = None, # one of the class's presets (its classmethods); None: the class's own defaults
+              **fields,                  # task fields changed from the preset's
+             ) -> Task:
+    "The task `spec` names, at its preset `regime`, with `fields` changed; `ValueError` says which regime or field does not apply."
+    cls = task_class(spec)
+    presets = [n for n, v in vars(cls).items() if isinstance(v, classmethod)]
+    if regime is not None and regime not in presets:
+        raise ValueError(f"--regime {regime} is not a preset of task {spec} (choose from {', '.join(presets)})")
+    unknown = [k for k in fields if k not in cls.__dataclass_fields__]
+    if unknown: raise ValueError(f"--{unknown[0].replace('_', '-')} does not apply to task {spec}")
+    return getattr(cls, regime)(**fields) if regime else cls(**fields)
 
 # %% ../nbs/05_tasks.ipynb #13920df9
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<x>", "</x>", "<y>", "</y>", "<z>", "</z>", "<znull>", "=")

@@ -129,7 +129,7 @@ def syncs_per_step(run: Run, opt, steps: int = 4) -> float:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for s in range(steps): train_step(run, opt, 1000 + s, 0.1, 1e-4)
+            for s in range(steps): train_step(run, [opt], 1000 + s, 0.1, 1e-4)
     finally: torch.cuda.set_sync_debug_mode(0)
     return sum("synchroniz" in str(w.message).lower() for w in caught) / steps
 
@@ -158,27 +158,27 @@ def main():
             run = make_run(size, posterior, device)
             opt = torch.optim.AdamW(run.model.parameters(), lr=1e-4)
             if device.type == "cuda": torch.cuda.reset_peak_memory_stats(device)
-            full = timed(lambda s: json.dumps(train_step(run, opt, s, 0.1, 1e-4)), a.steps, device)
+            full = timed(lambda s: json.dumps(train_step(run, [opt], s, 0.1, 1e-4)), a.steps, device)
             peak_mem = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
             n_sync = syncs_per_step(run, opt) if device.type == "cuda" else None
             plain = timed(lambda s: plain_celbo_step(run, opt, s, 0.1), a.steps, device)
             fast_rows, run.train_rows = run.train_rows, CollatingRows(run)
-            collated = timed(lambda s: json.dumps(train_step(run, opt, s, 0.1, 1e-4)), a.steps, device)
+            collated = timed(lambda s: json.dumps(train_step(run, [opt], s, 0.1, 1e-4)), a.steps, device)
             run.train_rows = fast_rows
             run.model.shared_prefix = True
-            shared = timed(lambda s: json.dumps(train_step(run, opt, s, 0.1, 1e-4)), a.steps, device)
+            shared = timed(lambda s: json.dumps(train_step(run, [opt], s, 0.1, 1e-4)), a.steps, device)
             run.model.shared_prefix = False
             rec = make_run(size, posterior, device, recompute=True)
             opt_r = torch.optim.AdamW(rec.model.parameters(), lr=1e-4)
-            recompute = timed(lambda s: json.dumps(train_step(rec, opt_r, s, 0.1, 1e-4)), a.steps, device)
+            recompute = timed(lambda s: json.dumps(train_step(rec, [opt_r], s, 0.1, 1e-4)), a.steps, device)
             compiled = compile_s = None
             if do_compile:
                 comp = make_run(size, posterior, device)
                 compile_cvae(comp.model)
                 opt_c = torch.optim.AdamW(comp.model.parameters(), lr=1e-4)
-                t0 = time.perf_counter(); train_step(comp, opt_c, 0, 0.1, 1e-4); sync(device)
+                t0 = time.perf_counter(); train_step(comp, [opt_c], 0, 0.1, 1e-4); sync(device)
                 compile_s = time.perf_counter() - t0  # first step: tracing and code generation
-                compiled = timed(lambda s: json.dumps(train_step(comp, opt_c, s, 0.1, 1e-4)), a.steps, device, warmup=10)
+                compiled = timed(lambda s: json.dumps(train_step(comp, [opt_c], s, 0.1, 1e-4)), a.steps, device, warmup=10)
             batch, tokens = run.config.train.batch_size, tokens_per_step(run)
             params = sum(p.numel() for m in (run.model.generator, run.model.posterior) for p in m.parameters()) / 2  # one backbone
             flops = 6 * params * tokens  # forward and backward, weights only (attention and heads are small here)

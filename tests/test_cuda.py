@@ -13,7 +13,8 @@ import torch
 
 from basedirected.metrics import evaluate_model
 from basedirected.runs import load_run, prepare_run, read_log
-from basedirected.train import build_parser, config_from_args, run, train_step
+from basedirected.cli import build_parser, config_from_args
+from basedirected.train import run, train_step
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: run `pytest -m cuda` on a GPU machine")]
@@ -86,13 +87,13 @@ def test_gpu_run_agrees_with_cpu_run(base_dir, tmp_path, latent, posterior):
 def test_a_training_step_reads_the_device_once(base_dir, tmp_path, latent, posterior):
     r = prepare_run(seeded(tmp_path / "run", base_dir), config(*arm_args(latent, posterior)), device="cuda")
     opt = torch.optim.AdamW(r.model.parameters(), lr=1e-3)
-    train_step(r, opt, 0, 0.1, 1e-3)  # the caches and lazy CUDA state are built outside the count
+    train_step(r, [opt], 0, 0.1, 1e-3)  # the caches and lazy CUDA state are built outside the count
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for step in range(1, 5): train_step(r, opt, step, 0.1, 1e-3)
+            for step in range(1, 5): train_step(r, [opt], step, 0.1, 1e-3)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]

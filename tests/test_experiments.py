@@ -13,7 +13,7 @@ from basedirected.experiments import PRESETS, execute, plan, run_cell
 from basedirected.objective import objectives
 from basedirected.reports import aggregate, markdown_table, repro_main, write_figures
 from basedirected.runs import RunDir, load_run, read_log
-from basedirected.train import build_parser, config_from_args, train_main
+from basedirected.cli import build_parser, config_from_args, train_main
 
 
 def test_main_job_writes_tables_figures_and_per_run_files(smoke_dir):
@@ -122,7 +122,7 @@ def test_a_sweep_cell_rerun_from_its_command_equals_the_sweeps_record(tmp_path, 
     try: train_main(["--run-dir", str(fresh), "--quiet", "--allow-failed-base", *argv[3:]])
     finally: __import__("torch").set_num_threads(before)
     sweep, cli = read_json(smoke_dir / "runs" / spec.key / "metrics.json"), read_json(fresh / "metrics.json")
-    cell_only = {"key", "objective", "beta", "seed", "regime", "latent", "posterior", "K", "alpha", "gamma", "seconds", "tau_target", "beta_target"}
+    cell_only = {"key", "objective", "beta", "seed", "regime", "latent", "posterior", "K", "alpha", "gamma", "seconds", "tau_target", "beta_target", "grad_clip"}
     assert {k: v for k, v in sweep.items() if k not in cell_only} == {k: v for k, v in cli.items() if k not in cell_only}
 
 

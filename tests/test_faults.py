@@ -17,7 +17,8 @@ from basedirected.objective import ReconstructionLossConfig, objective
 from basedirected.reconstruction import aggregate
 from basedirected.runs import RunDir, read_log
 from basedirected.tasks import Vocab
-from basedirected.train import NonFiniteError, build_parser, config_from_args, run, train_main
+from basedirected.cli import build_parser, config_from_args, train_main
+from basedirected.train import NonFiniteError, run
 from basedirected.visiting_order import VisitingOrder
 from basedirected.weights import concentration_factor, reconstruction_weights
 
@@ -57,7 +58,7 @@ def test_a_run_stopped_at_any_step_resumes_to_the_same_result(tmp_path, stop):
 
 def test_kill_9_during_training_then_resume_gives_the_uninterrupted_result(tmp_path):
     args = ["--run-dir", str(tmp_path / "killed"), *TINY, "--steps", "40", "--checkpoint-every", "5", "--eval-every", "20"]
-    code = "import sys; from basedirected.train import train_main; train_main(sys.argv[1:])"
+    code = "import sys; from basedirected.cli import train_main; train_main(sys.argv[1:])"
     p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ck = tmp_path / "killed" / "checkpoint.pt"
     deadline = time.time() + 120
@@ -78,8 +79,8 @@ def _poison(monkeypatch, at_steps, value=float("nan")):
     "Make the CVAE's token losses non-finite at the given (0-based) steps of training."
     import basedirected.cvae as cvae_module
     real, seen = cvae_module.cvae_forward, {"calls": 0}
-    def forward(model, exs, generator=None):
-        out = real(model, exs, generator)
+    def forward(model, exs, generator=None, eps=None):
+        out = real(model, exs, generator, eps)
         if model.training:
             if seen["calls"] in at_steps: out.nll = out.nll * value
             seen["calls"] += 1

@@ -13,7 +13,8 @@ from torch.func import vmap
 from basedirected.groups import GroupAdamW, RunGroup, folded_attention, group_key, pack_groups, train_group
 from basedirected.model import causal_attention
 from basedirected.runs import RunConfig, prepare_run, read_log
-from basedirected.train import NonFiniteError, build_parser, config_from_args, train_run
+from basedirected.cli import build_parser, config_from_args
+from basedirected.train import NonFiniteError, train_run
 
 
 @settings(max_examples=25, deadline=None)
@@ -142,7 +143,7 @@ def test_a_bf16_group_is_its_runs_alone_in_bf16_with_float32_masters(tmp_path):
         assert _largest_relative_difference(g, a, "loss") > 1e-6           # it did compute in bf16: float32 agrees to ~1e-7
         ck = torch.load(g.dir.checkpoint, weights_only=False)
         assert {t.dtype for t in ck["model"].values() if t.is_floating_point()} == {torch.float32}
-        moments = [v for st in ck["optimizer"]["state"].values() for k, v in st.items() if k in ("exp_avg", "exp_avg_sq")]
+        moments = [v for st in ck["optimizer"][0]["state"].values() for k, v in st.items() if k in ("exp_avg", "exp_avg_sq")]
         assert moments and {t.dtype for t in moments} == {torch.float32}
     with pytest.raises(ValueError, match="precision must be one of"): RunGroup(group, precision="float16")
 

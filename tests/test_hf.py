@@ -11,8 +11,11 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from basedirected.hf import (AdaptConfig, EncodedPairs, HFReference, build_hf_cvae, encode_examples, hf_run, hf_train, hf_train_main,
-                             load_backbone, pairs_to_examples, prepare_hf_run, read_pairs, save_tiny_backbone)
+from basedirected.cli import build_parser, hf_config_from_args, hf_train_main, train_main
+from basedirected.hf import (EncodedPairs, HFReference, build_hf_cvae, encode_examples, hf_run, load_backbone, pairs_to_examples, prepare_hf_run,
+                             read_pairs, save_tiny_backbone)
+from basedirected.runs import AdaptConfig, load_run
+from basedirected.train import train_run
 from basedirected.cvae import CVAEConfig
 from basedirected.model import collate, layout_tokens, response_nll
 from basedirected.runs import read_log
@@ -97,10 +100,9 @@ def test_codes_start_inert(data, arch):
 def test_reference_without_a_copy_equals_a_frozen_copy(data, tmp_path, mode):
     d, _, _ = data
     a = _args(d, tmp_path / "run", "--adapt", mode, "--lr", "3e-2")
-    from basedirected.hf import build_hf_parser, hf_config_from_args
-    config = hf_config_from_args(build_hf_parser().parse_args(a))
+    config = hf_config_from_args(build_parser().parse_args(a))
     run = prepare_hf_run(tmp_path / "run", config, "cpu")
-    hf_train(run)
+    train_run(run)
     frozen, _ = load_backbone(d / "gpt2")
     batch = run.train_rows.select(torch.arange(16)).gen
     mine, mask = run.reference.response_surprisal(batch)
@@ -119,11 +121,10 @@ def test_adaptation_modes_train_what_they_say(data, tmp_path):
     d, _, _ = data
     counts = {}
     for mode in ("frozen", "lora", "full"):
-        from basedirected.hf import build_hf_parser, hf_config_from_args
-        config = hf_config_from_args(build_hf_parser().parse_args(_args(d, tmp_path / mode, "--adapt", mode, "--optimizer", "muon")))
+        config = hf_config_from_args(build_parser().parse_args(_args(d, tmp_path / mode, "--adapt", mode, "--optimizer", "muon")))
         run = prepare_hf_run(tmp_path / mode, config, "cpu")
         before = {n: p.detach().clone() for n, p in run.model.named_parameters()}
-        hf_train(run)
+        train_run(run)
         changed = {n for n, p in run.model.named_parameters() if not torch.equal(p, before[n])}
         counts[mode] = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
         emb = run.model.generator.get_input_embeddings().weight
@@ -170,7 +171,7 @@ def test_two_processes_follow_the_one_process_trajectory(data, tmp_path):
     extra = ("--c-source", "data", "--optimizer", "muon")
     assert hf_train_main(_args(d, tmp_path / "one", *extra)) == 0
     script = tmp_path / "entry.py"
-    script.write_text("import sys\nfrom basedirected.hf import hf_train_main\nsys.exit(hf_train_main(sys.argv[1:]))\n")
+    script.write_text("import sys\nfrom basedirected.cli import hf_train_main\nsys.exit(hf_train_main(sys.argv[1:]))\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533", str(script)]
     p = subprocess.run(cmd + _args(d, tmp_path / "two", *extra, "--stop-after", "4"), env=env, capture_output=True, text=True, timeout=300)
@@ -184,11 +185,14 @@ def test_two_processes_follow_the_one_process_trajectory(data, tmp_path):
     torch.testing.assert_close(torch.tensor(_train_losses(tmp_path / "two")), torch.tensor(_train_losses(tmp_path / "one")), rtol=1e-4, atol=1e-6)
 
 
-def test_basedirected_train_hands_backbone_runs_to_the_hf_command(data, tmp_path):
-    from basedirected.train import train_main
+def test_basedirected_train_trains_a_backbone_run_and_load_run_opens_it(data, tmp_path):
     d, _, _ = data
     assert train_main(_args(d, tmp_path / "via-train", "--steps", "2")) == 0
     assert [r["step"] for r in read_log(tmp_path / "via-train" / "log.jsonl") if r["split"] == "train"] == [1, 2]
+    run = load_run(tmp_path / "via-train")  # one loader for every backbone: the run's config.json names its own
+    ck = torch.load(tmp_path / "via-train" / "checkpoint.pt", weights_only=True)
+    assert ck["step"] == 2 and set(ck) == {"model", "optimizer", "step", "config", "c_ref"} and isinstance(ck["optimizer"], list)
+    assert all(torch.equal(run.model.state_dict()[k], v) for k, v in ck["model"].items())
 
 
 def test_the_checker_reads_exported_records_back(data):
@@ -256,16 +260,16 @@ def test_hf_long_prompts_bad_run_dirs_and_damaged_files_are_named(data, tmp_path
     (tmp_path / "f").write_text("x")
     assert "is a file, not a directory" in _refused(_args(d, tmp_path / "f" / "run"), capsys)[1]
     run = tmp_path / "made"
-    assert hf_train_main(_args(d, run, "--stop-after", "3")) == 0
+    assert hf_train_main(_args(d, run, "--stop-after", "3", "--checkpoint-every", "3")) == 0
     ck = torch.load(run / "checkpoint.pt", weights_only=True)
-    name = next(k for k, t in ck["trainable"].items() if t.is_floating_point())
-    bad = {**ck, "trainable": {**ck["trainable"], name: torch.full_like(ck["trainable"][name], float("nan"))}}; torch.save(bad, run / "checkpoint.pt")
-    assert "checkpoint.pt holds non-finite weights" in _refused(_args(d, run), capsys)[1]
+    name = next(k for k, t in ck["model"].items() if t.is_floating_point())
+    bad = {**ck, "model": {**ck["model"], name: torch.full_like(ck["model"][name], float("nan"))}}; torch.save(bad, run / "checkpoint.pt")
+    assert "checkpoint.pt holds non-finite weights" in _refused(_args(d, run, "--checkpoint-every", "3"), capsys)[1]
     del ck["step"]; torch.save(ck, run / "checkpoint.pt")
-    assert "checkpoint.pt lacks step" in _refused(_args(d, run), capsys)[1]
+    assert "checkpoint.pt lacks step" in _refused(_args(d, run, "--checkpoint-every", "3"), capsys)[1]
     (run / "checkpoint.pt").unlink(); (run / "log.jsonl").unlink()
     (run / "reference_scale.json").write_text('{"world_size": 1}')
-    assert "reference_scale.json holds no positive c_theta" in _refused(_args(d, run), capsys)[1]
+    assert "reference_scale.json lacks the c_theta estimates" in _refused(_args(d, run, "--checkpoint-every", "3"), capsys)[1]
 
 
 def test_hf_force_leaves_a_directory_whose_config_json_is_not_a_run_alone(data, tmp_path, capsys):
@@ -298,17 +302,17 @@ def test_hf_k1_needs_allow_inert_as_basedirected_train_does(data, tmp_path, caps
 def test_hf_resume_compares_the_checkpoints_configuration_when_config_json_is_lost(data, tmp_path, capsys):
     "A rerun with another --lr after config.json is lost is refused by the checkpoint's own record, not continued silently."
     d, _, _ = data
-    assert hf_train_main(_args(d, tmp_path / "run", "--stop-after", "3")) == 0
+    assert hf_train_main(_args(d, tmp_path / "run", "--stop-after", "3", "--checkpoint-every", "3")) == 0
     (tmp_path / "run" / "config.json").unlink()
-    code, line = _refused(_args(d, tmp_path / "run", "--lr", "1e-3"), capsys)
-    assert code == 2 and "checkpoint.pt was written by a run with a different configuration" in line, line
-    assert hf_train_main(_args(d, tmp_path / "run")) == 0  # the same configuration resumes
+    code, line = _refused(_args(d, tmp_path / "run", "--lr", "1e-3", "--checkpoint-every", "3"), capsys)
+    assert code == 2 and "checkpoint.pt was written by a run with another configuration" in line, line
+    assert hf_train_main(_args(d, tmp_path / "run", "--checkpoint-every", "3")) == 0  # the same configuration resumes
 
 
-def test_hf_a_run_interrupted_before_its_first_checkpoint_logs_its_step_0_evaluation_once(data, tmp_path):
+def test_hf_a_run_interrupted_before_its_first_checkpoint_logs_each_evaluation_once(data, tmp_path):
     d, _, _ = data
     argv = _args(d, tmp_path / "run", "--checkpoint-every", "100")
-    assert hf_train_main([*argv, "--stop-after", "2"]) == 0
-    (tmp_path / "run" / "checkpoint.pt").unlink()  # as if killed before its first checkpoint
+    assert hf_train_main([*argv, "--stop-after", "4"]) == 0
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()  # stopped before its first checkpoint
     assert hf_train_main(argv) == 0
-    assert [r["step"] for r in read_log(tmp_path / "run" / "log.jsonl") if r["split"] == "eval"] == [0, 3, 6]
+    assert [r["step"] for r in read_log(tmp_path / "run" / "log.jsonl") if r["split"] == "eval"] == [3, 6]

@@ -117,14 +117,41 @@ def _reading_order():
     return mods
 
 
-def test_no_module_imports_from_a_module_above_it():
+def _package_imports(mod: str) -> set[str]:
+    "The package's modules `mod` imports, in any form: `from .x import`, `import basedirected.x`, and `importlib.import_module('basedirected.x')` with a literal name, at the top or inside a function."
     import ast
+    found = set()
+    for node in ast.walk(ast.parse((ROOT / "basedirected" / f"{mod}.py").read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and (node.level or node.module.startswith("basedirected.")):
+            found.add(node.module.removeprefix("basedirected.").lstrip("."))
+        elif isinstance(node, ast.ImportFrom) and node.module == "basedirected":
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("basedirected.")}
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module" and node.args \
+                and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("basedirected."):
+            found.add(node.args[0].value.split(".")[1])
+    return found
+
+
+def test_no_module_imports_from_a_module_above_it():
     order = _reading_order()
     assert len(order) == len(set(order)) and "objective" in order and "reports" in order
     for i, mod in enumerate(order):
-        tree = ast.parse((ROOT / "basedirected" / f"{mod}.py").read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                name = node.module.removeprefix("basedirected.").lstrip(".") if node.level or node.module.startswith("basedirected.") else None
-                if name in order:
-                    assert order.index(name) < i, f"{mod} (notebook {i}) imports {name}, which comes later in the reading order"
+        for name in _package_imports(mod) & set(order):
+            assert order.index(name) < i, f"{mod} (notebook {i}) imports {name}, which comes later in the reading order"
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
+    "The first import circle of `graph` (module -> modules it imports), as a path that returns to its start; None if there is none."
+    def walk(path):
+        for name in sorted(graph.get(path[-1], ())):
+            if name in path: return [*path[path.index(name):], name]
+            if (found := walk([*path, name])): return found
+    return next((c for mod in sorted(graph) if (c := walk([mod]))), None)
+
+
+def test_the_package_has_no_import_circle():
+    "Whatever the reading order says: no module reaches itself through the modules it imports (lazily or not)."
+    assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"] and _circle({"a": {"b"}, "b": set()}) is None
+    assert _circle({mod: _package_imports(mod) for mod in _reading_order()}) is None

@@ -10,7 +10,8 @@ from basedirected.distributions import categorical_kl
 from basedirected.metrics import alignment_one_to_one, break_even_beta
 from basedirected.objective import ReconstructionLossConfig
 from basedirected.runs import load_run, read_log
-from basedirected.train import build_parser, config_from_args, run
+from basedirected.cli import build_parser, config_from_args
+from basedirected.train import run
 from basedirected.visiting_order import VisitingOrder
 
 TINY = ["--n-train", "600", "--n-eval", "32", "--c-samples", "64", "--base-steps", "40", "--d-model", "32", "--n-layers", "1",

@@ -13,9 +13,10 @@ from basedirected.cvae import CVAEConfig, DiscreteCVAE, build_cvae, router_logit
 from basedirected.distributions import categorical_kl
 from basedirected.model import ModelConfig, collate, gather_response, response_nll
 from basedirected.objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig, free_bits_kl, objective
-from basedirected.runs import RunConfig, TrainConfig, prepare_run, read_log
+from basedirected.runs import HFRunConfig, RunConfig, TrainConfig, prepare_run, read_log
 from basedirected.tasks import Vocab, batch_indices, make_splits
-from basedirected.train import OPTIONS, build_parser, config_from_args, run, train_main, train_run
+from basedirected.cli import OPTIONS, build_parser, config_from_args, train_main
+from basedirected.train import run, train_run
 from basedirected.visiting_order import VisitingOrder
 
 SMALL_MODEL = ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64)
@@ -224,7 +225,7 @@ def test_option_validation_names_the_option(argv, message):
 
 def test_cli_exits_2_with_one_line_before_any_work(tmp_path):
     run_dir = tmp_path / "never"
-    p = subprocess.run([sys.executable, "-c", "from basedirected.train import train_main; train_main()",
+    p = subprocess.run([sys.executable, "-c", "from basedirected.cli import train_main; train_main()",
                         "--alpha", "3", "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines()[-1].endswith("--alpha must lie in [0, 1], got 3.0")
@@ -252,7 +253,7 @@ def test_a_task_of_your_own_runs_from_the_cli_as_module_and_class(tmp_path):
     argv = ["--task", "my_tasks:ShortSorting", "--run-dir", str(run_dir), "--n-train", "300", "--n-eval", "16", "--n-heads", "2",
             "--c-samples", "32", "--steps", "4", "--batch-size", "8", "--eval-every", "2", "--checkpoint-every", "2", "--K", "3",
             "--n-routed", "8", "--n-forced", "4", "--allow-failed-base", "--quiet"]
-    p = subprocess.run([sys.executable, "-c", "from basedirected.train import train_main; train_main()", *argv],
+    p = subprocess.run([sys.executable, "-c", "from basedirected.cli import train_main; train_main()", *argv],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     config = json.loads((run_dir / "config.json").read_text())["config"]
@@ -309,9 +310,10 @@ def test_objective_keeps_its_alpha_unless_given():
 
 
 def test_help_documents_options_in_paper_terms():
-    text = build_parser().format_help()
-    for phrase in ("alpha in [0,1]", "concentration exponent", "--token-weighted-reconstruction-alpha", "KL weight beta"):
-        assert phrase in text
+    text = " ".join(build_parser().format_help().split())
+    for phrase in ("alpha in [0, 1]", "concentration exponent", "--token-weighted-reconstruction-alpha", "KL weight beta", "--backbone BACKBONE",
+                   "--data DATA", "--adapt {frozen,lora,full}", "--optimizer {adamw,muon}", "--stop-after STOP_AFTER"):
+        assert phrase in text, phrase
 
 
 def test_cli_is_generated_from_the_run_configuration():
@@ -319,9 +321,15 @@ def test_cli_is_generated_from_the_run_configuration():
     assert tuple(choices) == OBJECTIVE_NAMES
     recipe = VisitingOrder.base_recipe  # the default task's base recipe is the one difference
     assert config_from_args(build_parser().parse_args([])) == dataclasses.replace(RunConfig(), base=dataclasses.replace(RunConfig().base, **recipe))
-    for o in OPTIONS:  # every option names a real field, and its default is the configuration's
-        if o.path and o.default is ...:
-            assert build_parser().get_default(o.dest) == eval("RunConfig()." + o.path), o.flag
+    from basedirected.cli import field_comments, option_help
+    for o in OPTIONS:  # every option names a real field; its help is the field's comment and shows the configuration's default
+        if not o.path or o.help is not None: continue
+        *head, name = o.path.split(".")
+        config = RunConfig() if "tiny" in o.backbones else HFRunConfig("", "")
+        owner = eval("config." + ".".join(head)) if head else config
+        assert option_help(o).startswith(field_comments(type(owner))[name]), o.flag
+        if o.default is ...: assert f"(default: {eval('config.' + o.path)}" in option_help(o), o.flag
+        assert build_parser().get_default(o.dest) in (None, False), o.flag  # a field stays unset unless given
 
 
 # --- tau, the base seed and the thread count ---
