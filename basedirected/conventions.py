@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 import math
 from numbers import Real
 
@@ -14,7 +15,8 @@ import torch
 
 # %% auto #0
 __all__ = ['NEGATIVE_SURPRISAL_TOLERANCE', 'check_unit_interval', 'check_nonnegative', 'check_positive', 'value_checks_enabled',
-           'trusted_values', 'check_batch', 'masked_fill_zero', 'masked_mean', 'reference_dtype', 'autocast_disabled']
+           'trusted_values', 'check_batch', 'masked_fill_zero', 'masked_mean', 'reference_dtype', 'patch',
+           'autocast_disabled']
 
 # %% ../nbs/00_conventions.ipynb #008da8f7
 def _as_float(value,    # a Python real or a one-element tensor
@@ -116,6 +118,16 @@ def reference_dtype(x: torch.Tensor, # any floating tensor
                    ) -> torch.dtype: # float64 for float64 input, float32 otherwise
     "float64 stays float64; every lower precision is promoted to float32."
     return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+# %% ../nbs/00_conventions.ipynb #d7bbcc4b
+def patch(f):  # a function whose first parameter is annotated with the class it extends
+    "Add `f` to the class its first parameter is annotated with, as a method of the same name; returns `f`."
+    first = next(iter(inspect.signature(f).parameters))
+    cls = f.__annotations__[first]
+    cls = f.__globals__[cls] if isinstance(cls, str) else cls  # annotations are strings under `from __future__ import annotations`
+    f.__qualname__ = f"{cls.__name__}.{f.__name__}"
+    setattr(cls, f.__name__, f)
+    return f
 
 # %% ../nbs/00_conventions.ipynb #5d0c6c6d
 def autocast_disabled(device: torch.device, # device whose autocast to switch off
