@@ -43,7 +43,9 @@ class ModelConfig:
         if self.d_model % self.n_heads: raise ValueError(f"d_model must be divisible by n_heads ({self.n_heads}), got {self.d_model}")
     def to_dict(self): return asdict(self)
 
-def causal_attention(q, k, v,          # (B, H, L, d_head) queries, keys and values
+def causal_attention(q,                # (B, H, L, d_head) queries
+                     k,                # (B, H, L, d_head) keys
+                     v,                # (B, H, L, d_head) values
                      attn_mask=None):  # (B, 1, L, L) bool, True where a query may attend a key; None: causal
     "Scaled dot-product attention: causal (the fused kernels) without a mask, else the packed layout's own mask."
     if attn_mask is None: return F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -54,14 +56,15 @@ class Block(nn.Module):
     # attention has no parameters, so it is replaceable: a group of runs folds its run dimension into one call (notebook 10c)
     attention = staticmethod(causal_attention)
 
-    def __init__(self, c: ModelConfig):
+    def __init__(self, c: ModelConfig):  # size of the transformer (d_model, n_heads, d_ff)
         super().__init__()
         self.n_heads = c.n_heads
         self.ln1, self.ln2 = nn.LayerNorm(c.d_model), nn.LayerNorm(c.d_model)
         self.qkv, self.proj = nn.Linear(c.d_model, 3 * c.d_model), nn.Linear(c.d_model, c.d_model)
         self.mlp = nn.Sequential(nn.Linear(c.d_model, c.d_ff), nn.GELU(), nn.Linear(c.d_ff, c.d_model))
 
-    def forward(self, x, attn_mask=None):
+    def forward(self, x,            # (B, L, d_model) hidden states entering the block
+                attn_mask=None):  # (B, 1, L, L) bool, True where a query may attend a key; None: causal
         B, L, D = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         a = self.attention(q, k, v, attn_mask)
@@ -71,7 +74,8 @@ class Block(nn.Module):
 # %% ../nbs/06_model.ipynb #a37b136c
 class TinyCausalLM(nn.Module):
     "A small decoder-only transformer implementing `CausalLM`: `ids (B, L)` -> next-token `logits (B, L, V)`."
-    def __init__(self, vocab_size: int, config: ModelConfig = ModelConfig()):
+    def __init__(self, vocab_size: int,                 # V, tokens of the task's vocabulary
+                 config: ModelConfig = ModelConfig()):  # size of the transformer
         super().__init__()
         self.config, self.vocab_size, self.d_model = config, vocab_size, config.d_model
         self.embed, self.pos = nn.Embedding(vocab_size, config.d_model), nn.Embedding(config.max_len, config.d_model)
@@ -88,9 +92,12 @@ class TinyCausalLM(nn.Module):
 
     supports_packed_codes = True  # accepts `position_ids` and an explicit `attn_mask` (shared-prefix code enumeration)
 
-    def forward(self, ids, attention_mask=None, extra_embeddings=None, return_hidden=False,
-                position_ids=None,  # (B, L) positions where a packed sequence is not laid out left to right
-                attn_mask=None):    # (B, 1, L, L) bool, True where a query may attend a key; None: causal
+    def forward(self, ids,              # (B, L) long token ids, right-padded
+                attention_mask=None,    # (B, L) real tokens: accepted for the interface, not needed under the causal mask
+                extra_embeddings=None,  # (B, L, d_model) added to the input embeddings (a continuous latent's injection), or None
+                return_hidden=False,    # also return the final hidden states (B, L, d_model)
+                position_ids=None,      # (B, L) positions where a packed sequence is not laid out left to right
+                attn_mask=None):        # (B, 1, L, L) bool, True where a query may attend a key; None: causal
         if position_ids is None:
             if ids.shape[1] > self.config.max_len: raise ValueError(f"sequence length {ids.shape[1]} exceeds max_len {self.config.max_len}")
             position_ids = torch.arange(ids.shape[1], device=ids.device)
@@ -102,7 +109,9 @@ class TinyCausalLM(nn.Module):
         return (logits, h) if return_hidden else logits
 
 # %% ../nbs/06_model.ipynb #376a0007
-def layout_tokens(example: Example, code: str | None = None) -> list[str]:
+def layout_tokens(example: Example,       # the (x, y) pair to lay out
+                  code: str | None = None,  # latent-control token of the generator layout (e.g. '<z2>'); None: the base layout
+                 ) -> list[str]:            # `<bos>` ... `<eos>`, one token a string
     "The base layout (`code=None`) or the generator layout with latent-control token `code`."
     x = [str(d) for d in example.x]
     latent = [] if code is None else ["<z>", code, "</z>"]
@@ -118,12 +127,16 @@ class Batch:
     latent_position: torch.Tensor # (B,) index of the latent-control token c, or -1 in the base layout
     width: int | None = None      # max(response_len) as a host int, so gathering needs no device sync (None: read it)
 
-    def to(self, device, non_blocking: bool = False):
+    def to(self, device,                 # where the tensors go
+           non_blocking: bool = False):  # asynchronous copies (from pinned memory)
         return Batch(*(getattr(self, f).to(device, non_blocking=non_blocking)
                        for f in ("ids", "attention_mask", "response_start", "response_len", "latent_position")), self.width)
 
 # %% ../nbs/06_model.ipynb #1e8a19e6
-def collate(vocab: Vocab, examples: list[Example], codes: list[str] | None = None) -> Batch:
+def collate(vocab: Vocab,                      # the task's vocabulary
+            examples: list[Example],           # the pairs to encode (at least one)
+            codes: list[str] | None = None,    # one latent-control token per example (generator layout); None: the base layout
+           ) -> Batch:                         # right-padded ids on the host, with the response positions
     "Encode `examples` (with one latent-control token each, if `codes` is given) into a right-padded `Batch`."
     if not examples: raise ValueError("examples is empty: a batch needs at least one example")
     if codes is not None and len(codes) != len(examples): raise ValueError(f"need one code per example, got {len(codes)} for {len(examples)}")
@@ -137,7 +150,9 @@ def collate(vocab: Vocab, examples: list[Example], codes: list[str] | None = Non
                  torch.tensor([len(e.x) + 4 if codes is not None else -1 for e in examples]), max(len(e.y) for e in examples) + 1)
 
 # %% ../nbs/06_model.ipynb #6566df95
-def gather_response(per_position: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_response(per_position: torch.Tensor,  # (B, L-1) next-token values, e.g. `token_surprisal` of the logits
+                    batch: Batch,                # the layout `per_position` was computed on
+                   ) -> tuple[torch.Tensor, torch.Tensor]:  # values (B, T) in response coordinates (0 off the mask), mask (B, T)
     "Next-token values `(B, L-1)` -> response coordinates `(B, T)` and the supervision mask `(B, T)`."
     T = batch.width if batch.width is not None else int(batch.response_len.max())
     t = torch.arange(T, device=per_position.device)
@@ -146,7 +161,10 @@ def gather_response(per_position: torch.Tensor, batch: Batch) -> tuple[torch.Ten
     idx = (batch.response_start[:, None] - 1 + t[None, :]).clamp(max=per_position.shape[1] - 1)
     return per_position.gather(1, idx) * mask, mask
 
-def response_nll(model: CausalLM, batch: Batch, extra_embeddings=None) -> tuple[torch.Tensor, torch.Tensor]:
+def response_nll(model: CausalLM,        # the backbone scoring the batch
+                 batch: Batch,           # either layout, on the model's device
+                 extra_embeddings=None,  # (B, L, d_model) added to the input embeddings, or None
+                ) -> tuple[torch.Tensor, torch.Tensor]:  # -log p(y_t|...) (B, T) in nats, and the mask (B, T)
     "Per-token loss $-\\log p(y_t|\\ldots)$ of the response in response coordinates, and its mask."
     logits = model(batch.ids, batch.attention_mask, extra_embeddings=extra_embeddings)
     return gather_response(token_surprisal(logits, batch.ids), batch)
@@ -161,7 +179,8 @@ class Rows:
     suffix_width: int | None = None  # longest continuation `c </z> <y> y… </y> <eos>` (host int)
     def __len__(self): return self.base.ids.shape[0]
 
-    def with_codes(self, code_ids: torch.Tensor) -> Batch:
+    def with_codes(self, code_ids: torch.Tensor,  # (K,) long ids of the latent-control tokens, in code order
+                  ) -> Batch:                     # (B K) generator rows, example-major
         "Generator rows for every code: row `b K + k` is example `b` with code `code_ids[k]` (the order `collate` uses)."
         K, g = len(code_ids), self.gen
         rep = lambda t: t.repeat_interleave(K, 0)
@@ -169,13 +188,17 @@ class Rows:
         ids[torch.arange(len(ids), device=ids.device), pos] = code_ids.to(ids.device).repeat(len(self))
         return Batch(ids, rep(g.attention_mask), rep(g.response_start), rep(g.response_len), pos, g.width)
 
+# %% ../nbs/06_model.ipynb #f26bc841
 def _take(batch: Batch, idx: torch.Tensor, length: int, width: int) -> Batch:
     return Batch(batch.ids[idx, :length], batch.attention_mask[idx, :length], batch.response_start[idx],
                  batch.response_len[idx], batch.latent_position[idx], width)
 
+# %% ../nbs/06_model.ipynb #3f8979f9
 class EncodedExamples:
     "A dataset encoded once into both layouts on one device; `select(indices)` gathers a minibatch with no Python collation."
-    def __init__(self, vocab: Vocab, examples: list[Example], device: str | torch.device = "cpu"):
+    def __init__(self, vocab: Vocab,                   # the task's vocabulary
+                 examples: list[Example],              # the dataset (at least one example)
+                 device: str | torch.device = "cpu"):  # where the encoded tensors live
         if not examples: raise ValueError("examples is empty: nothing to encode")
         self._store(collate(vocab, examples), collate(vocab, examples, ["<znull>"] * len(examples)), device)
 
@@ -190,7 +213,8 @@ class EncodedExamples:
 
     def __len__(self): return len(self.base_len)
 
-    def select(self, indices) -> Rows:
+    def select(self, indices,  # host ints or a CPU tensor: positions in the dataset
+              ) -> Rows:      # both layouts of those examples on the dataset's device
         "The examples at `indices` (host ints or a CPU tensor), trimmed to their longest row."
         idx = torch.as_tensor(indices, dtype=torch.long)
         if idx.numel() == 0: raise ValueError("indices is empty: a batch needs at least one example")
@@ -201,7 +225,11 @@ class EncodedExamples:
                     _take(self.gen, on_device, int(self.gen_len[idx].max()), width),
                     int(self.prefix_len[idx].max()), int((self.gen_len - self.prefix_len)[idx].max()))
 
-def as_rows(vocab: Vocab, examples, device) -> Rows:
+# %% ../nbs/06_model.ipynb #cb4c7c21
+def as_rows(vocab: Vocab,  # the task's vocabulary
+            examples,      # `Rows` (passed through) or an iterable of `Example`
+            device,        # where collated rows go
+           ) -> Rows:      # both layouts of `examples`
     "`examples` as `Rows` on `device`: selected rows pass through; an `Example` list is collated here (the slow path)."
     if isinstance(examples, Rows): return examples
     examples = list(examples)
