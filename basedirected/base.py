@@ -49,7 +49,7 @@ def pretrain_base(vocab: Vocab,                     # the run's vocabulary
                   train: list[Example],             # training examples
                   config: BaseTrainConfig,          # size and optimization
                   seed: int = 0,                    # parameter init and batch order
-                  device: str | torch.device = "cpu",
+                  device: str | torch.device = "cpu",  # where it trains (bf16 autocast on CUDA)
                   progress: bool = False,           # show a progress bar
                   on_step=None,                     # called as on_step(step, model) after each update (1-based), e.g. to measure the gate while it trains
                  ) -> tuple[TinyCausalLM, list[float]]:
@@ -121,7 +121,7 @@ def redraw_strategies(task: Task,               # the task whose prior and trace
 class FrozenReference(nn.Module):
     "A frozen copy of $p_\\theta$ that computes $b_{\\theta,t}$ in response coordinates."
     layout = "base"  # which layout of a selection (`Rows`) it scores: the base layout, without the latent block
-    def __init__(self, base: nn.Module):
+    def __init__(self, base: nn.Module):  # the trained base p_theta (deep-copied: never shares its storage)
         super().__init__()
         self.model = copy.deepcopy(base).requires_grad_(False)
         self.train(False)
@@ -130,7 +130,8 @@ class FrozenReference(nn.Module):
         return super().train(False)
 
     @torch.no_grad()
-    def response_surprisal(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def response_surprisal(self, batch: Batch,  # base-layout rows (no latent-control block) on the reference's device
+                          ) -> tuple[torch.Tensor, torch.Tensor]:  # b_theta_t (B, T) in nats, and the mask (B, T)
         "$b_{\\theta,t}$ `(B, T)` (float32) for a base-layout `batch`, with its mask."
         if bool((batch.latent_position >= 0).any()): raise ValueError("the reference scores the base layout (no latent-control block)")
         nll, mask = response_nll(self.model, batch)
@@ -139,9 +140,11 @@ class FrozenReference(nn.Module):
 # %% ../nbs/06a_base.ipynb #18cd1ebb
 class SurprisalCache:
     "$b_{\\theta,t}$ for every example of a dataset, in response coordinates."
-    def __init__(self, reference: FrozenReference,  # the frozen base
-                 vocab: Vocab, examples: list[Example],  # the dataset to cache
-                 batch_size: int = 512, device: str | torch.device = "cpu"):
+    def __init__(self, reference: FrozenReference,      # the frozen base
+                 vocab: Vocab,                          # the task's vocabulary
+                 examples: list[Example],               # the dataset to cache
+                 batch_size: int = 512,                 # examples per forward of the reference
+                 device: str | torch.device = "cpu"):   # where the reference runs (the values are kept on the host)
         T = max(len(e.y) + 1 for e in examples)
         self.values = torch.zeros(len(examples), T)
         self.lengths = torch.tensor([len(e.y) + 1 for e in examples])
@@ -149,7 +152,8 @@ class SurprisalCache:
             b, _ = reference.response_surprisal(collate(vocab, examples[i:i + batch_size]).to(device))
             self.values[i:i + b.shape[0], :b.shape[1]] = b.cpu()
 
-    def lookup(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def lookup(self, indices: torch.Tensor,  # (B,) host indices into the cached dataset
+              ) -> tuple[torch.Tensor, torch.Tensor]:  # b (B, T) in nats and its mask (B, T)
         "`(b (B, T), mask (B, T))` for the examples at host `indices`, T = their longest response, on the cache's device."
         idx = torch.as_tensor(indices, dtype=torch.long).cpu()
         lengths = self.lengths[idx]
@@ -159,13 +163,15 @@ class SurprisalCache:
         mask = torch.arange(T, device=dev)[None, :] < lengths[:, None]
         return self.values[idx, :T] * mask, mask
 
-    def to(self, device: str | torch.device) -> "SurprisalCache":
+    def to(self, device: str | torch.device,  # where the values go
+          ) -> "SurprisalCache":             # a new cache; this one stays where it is
         "This cache with its values on `device` (the lengths stay on the host, so a lookup needs no device sync)."
         moved = object.__new__(SurprisalCache)
         moved.values, moved.lengths = self.values.to(device), self.lengths
         return moved
 
-    def subset(self, n: int) -> "SurprisalCache":
+    def subset(self, n: int,             # examples kept, from the start
+              ) -> "SurprisalCache":    # a view of this cache's values
         "The first `n` examples of this cache."
         sub = object.__new__(SurprisalCache)
         sub.values, sub.lengths = self.values[:n], self.lengths[:n]
@@ -178,13 +184,13 @@ class SurprisalCache:
 # %% ../nbs/06a_base.ipynb #22420e4f
 @torch.no_grad()
 def sample_responses(model: CausalLM,                  # the base, or a CVAE's generator
-                     vocab: Vocab,
+                     vocab: Vocab,                     # the task's vocabulary
                      xs: list[tuple],                  # inputs
                      max_len: int = 24,                # response tokens before a response counts as truncated
-                     seed: int = 0,
+                     seed: int = 0,                    # seeds the sampling generator
                      codes: list[str] | None = None,   # one latent-control token per input (generator layout), or None
-                     device: str | torch.device = "cpu",
-                     temperature: float = 1.0):
+                     device: str | torch.device = "cpu",  # where the model samples
+                     temperature: float = 1.0):        # divides the logits (1: the model's own distribution)
     "Sample $y \\sim p(\\cdot|x[, z])$ for each input; returns (responses as token lists, per-token surprisal lists, n_truncated)."
     g = torch.Generator(device=device).manual_seed(seed)
     end = vocab.id("</y>")
@@ -213,12 +219,18 @@ def sample_responses(model: CausalLM,                  # the base, or a CVAE's g
     return responses, surprisals, truncated
 
 # %% ../nbs/06a_base.ipynb #d1d96242
-def response_budget(examples: list[Example]) -> int:
+def response_budget(examples: list[Example],  # the dataset sampled for
+                   ) -> int:                   # max(24, its longest response + 8)
     "Response tokens allowed when sampling for a dataset: its longest response plus 8, and at least 24."
     return max(24, max(len(e.y) for e in examples) + 8)
 
-def estimate_model_reference_scale(model: CausalLM, vocab: Vocab, examples: list[Example], n: int = 2000, seed: int = 0,
-                                   device: str | torch.device = "cpu") -> tuple[ReferenceScale, int]:
+def estimate_model_reference_scale(model: CausalLM,                     # the base p_theta
+                                   vocab: Vocab,                        # the task's vocabulary
+                                   examples: list[Example],             # their inputs stand for D_X (drawn with replacement)
+                                   n: int = 2000,                       # pairs (x, y ~ p_theta(.|x)) averaged
+                                   seed: int = 0,                       # seeds the inputs drawn and the sampling
+                                   device: str | torch.device = "cpu",  # where the model samples
+                                  ) -> tuple[ReferenceScale, int]:      # c_theta-hat with its standard error, and n_truncated
     "$\\widehat c_\\theta$ by its definition ($x$ from the data, $y\\sim p_\\theta(\\cdot|x)$) with its standard error; also returns n_truncated."
     gen = torch.Generator().manual_seed(seed)
     xs = [examples[int(i)].x for i in torch.randint(0, len(examples), (n,), generator=gen)]
@@ -229,7 +241,8 @@ def estimate_model_reference_scale(model: CausalLM, vocab: Vocab, examples: list
 # %% ../nbs/06a_base.ipynb #007bd16d
 GATE = {"min_answer_only_accuracy": 0.98, "min_valid_rate": 0.95, "max_strategy_gap": 0.05, "max_surprisal_excess": 0.10}
 
-def gate_failures(report: dict) -> list[str]:
+def gate_failures(report: dict,      # `gate_report`'s figures
+                 ) -> list[str]:     # one line per criterion failed
     "The gate's criteria that `report` fails, each with its figure and threshold (empty: it passes)."
     fails = []
     if report["answer_only_accuracy"] < GATE["min_answer_only_accuracy"]:
@@ -240,7 +253,12 @@ def gate_failures(report: dict) -> list[str]:
         fails.append(f"surprisal {100 * report['surprisal_excess']:.0f}% above the ideal > {100 * GATE['max_surprisal_excess']:.0f}%")
     return fails
 
-def gate_report(task, xs: list, ys: list, base_per_token: float, ideal_per_token: float | None) -> dict:
+def gate_report(task,                            # checks the samples and gives the prior p(s|x)
+                xs: list,                        # the input of each sample
+                ys: list,                        # the base's sampled responses (token lists), one per input
+                base_per_token: float,           # the base's held-out response surprisal, nats per token
+                ideal_per_token: float | None,   # the task's ideal z-free surprisal, nats per token (None: not computable)
+               ) -> dict:                        # rates with counts and intervals, strategy gap, surprisal excess, failures, passes
     "Gate figures and verdict from the base's samples `ys` on inputs `xs` and its held-out surprisal vs the ideal (per token)."
     checks = [task.check(x, y) for x, y in zip(xs, ys)]
     S, n = len(task.strategies), len(checks)
@@ -259,8 +277,16 @@ def gate_report(task, xs: list, ys: list, base_per_token: float, ideal_per_token
 # %% ../nbs/06a_base.ipynb #9a9d33d2
 GATE_SAMPLES_PER_INPUT = 4  # responses sampled per held-out input (see the simulation below)
 
-def base_gate(base: CausalLM, vocab: Vocab, task, held_out: list[Example], cache: SurprisalCache, n: int = 256, seed: int = 0,
-              device: str | torch.device = "cpu", samples_per_input: int = GATE_SAMPLES_PER_INPUT) -> dict:
+def base_gate(base: CausalLM,                          # the trained base
+              vocab: Vocab,                            # the task's vocabulary
+              task,                                    # checks the samples
+              held_out: list[Example],                 # held-out examples, never trained on
+              cache: SurprisalCache,                   # b_theta of `held_out` (the surprisal criterion)
+              n: int = 256,                            # held-out inputs used (the first n)
+              seed: int = 0,                           # seeds the sampling
+              device: str | torch.device = "cpu",      # where the base samples
+              samples_per_input: int = GATE_SAMPLES_PER_INPUT,  # responses sampled per input
+             ) -> dict:                                # `gate_report`'s, the excess decomposition (deterministic tasks) and the sample sizes
     "The quality gate of a base model on (up to `n`) held-out inputs, `samples_per_input` samples each: sampled answers, strategy mixture, surprisal vs ideal."
     if samples_per_input < 1: raise ValueError(f"samples_per_input must be >= 1, got {samples_per_input}")
     exs = held_out[:n]
@@ -280,8 +306,13 @@ def base_gate(base: CausalLM, vocab: Vocab, task, held_out: list[Example], cache
 
 # %% ../nbs/06a_base.ipynb #40b4d7f4
 @torch.no_grad()
-def trace_log_probs(model: CausalLM, vocab: Vocab, task, examples: list[Example], device: str | torch.device = "cpu",
-                    batch_size: int = 256) -> torch.Tensor:
+def trace_log_probs(model: CausalLM,                     # the base scoring the traces
+                    vocab: Vocab,                        # the task's vocabulary
+                    task,                                # a task whose trace is fixed by (x, s)
+                    examples: list[Example],             # their inputs are scored
+                    device: str | torch.device = "cpu",  # where the model runs
+                    batch_size: int = 256,               # traces per forward
+                   ) -> torch.Tensor:                    # (N, S) float64 log-probabilities, NaN rows for ties
     "$\\log p_\\theta(y_s|x)$ of every strategy's trace (with its closing `</y>`) for each example, `(N, S)` float64; NaN rows where two strategies write the same trace."
     if not task.deterministic: raise ValueError(f"trace_log_probs needs a task whose trace is fixed by (x, s); {type(task).__name__} samples its traces")
     S = len(task.strategies)
