@@ -30,7 +30,9 @@ __all__ = ['ALIGNMENT_RULES', 'NULL_SAMPLES', 'entropy', 'latent_information', '
            'within_input_strategy_information', 'marginal_nll', 'break_even_beta', 'evaluate_model']
 
 # %% ../nbs/08_metrics.ipynb #20e5e798
-def entropy(p: torch.Tensor, dim: int = -1) -> torch.Tensor:
+def entropy(p: torch.Tensor,   # probabilities, summing to 1 along `dim`
+            dim: int = -1,     # the axis of the distribution
+           ) -> torch.Tensor:  # nats, `p`'s shape without `dim`
     "Shannon entropy in nats along `dim` ($0\\log 0 = 0$)."
     return -(p * p.clamp_min(1e-30).log()).sum(dim)
 
@@ -39,12 +41,16 @@ def _posteriors(q: torch.Tensor) -> torch.Tensor:
     if q.dim() != 2 or q.shape[0] == 0 or q.shape[1] == 0: raise ValueError(f"q must be an (N, K) table of posteriors with N, K >= 1, got shape {tuple(q.shape)}")
     return q.double()
 
-def latent_information(q: torch.Tensor) -> float:
+def latent_information(q: torch.Tensor,  # (N, K) posteriors q(z|x,y) of N held-out pairs
+                      ) -> float:       # nats
     "$I(z;x,y) = H(\\bar q) - \\mathbb E[H(q)]$ for posteriors `q (N, K)`."
     q = _posteriors(q)
     return (entropy(q.mean(0)) - entropy(q).mean()).item()
 
-def strategy_information(q: torch.Tensor, strategies: torch.Tensor, normalized: bool = True) -> float:
+def strategy_information(q: torch.Tensor,           # (N, K) posteriors q(z|x,y)
+                         strategies: torch.Tensor,  # (N,) long, each row's true strategy (< 0: unknown)
+                         normalized: bool = True,   # divide by H(s)
+                        ) -> float:                 # I(z;s) in nats, or I(z;s)/H(s)
     "$I(z;s)$ from the expected joint of codes and true strategies (rows whose strategy is unknown, < 0, left out); divided by $H(s)$ when `normalized`."
     q = _posteriors(q)
     if strategies.shape != q.shape[:1]: raise ValueError(f"strategies must hold one label per row of q, shape ({len(q)},), got {tuple(strategies.shape)}")
@@ -59,12 +65,16 @@ def strategy_information(q: torch.Tensor, strategies: torch.Tensor, normalized: 
     hs = entropy(ps).item()
     return mi / hs if hs > 0 else 0.0
 
-def code_perplexity(q: torch.Tensor) -> float:
+def code_perplexity(q: torch.Tensor,  # (N, K) posteriors q(z|x,y)
+                   ) -> float:       # between 1 and K
     "$e^{H(\\bar q)}$: the effective number of codes in use."
     return math.exp(entropy(_posteriors(q).mean(0)).item())
 
 # %% ../nbs/08_metrics.ipynb #fe8bef97
-def aggregate_posterior_information(mu: torch.Tensor, logvar: torch.Tensor, seed: int = 0) -> float:
+def aggregate_posterior_information(mu: torch.Tensor,      # (N, D) posterior means
+                                    logvar: torch.Tensor,  # (N, D) posterior log-variances
+                                    seed: int = 0,         # seeds the one z drawn per row
+                                   ) -> float:             # nats (warns when negative)
     "$\\widehat I(z;x,y)$ with the aggregate posterior over all `N` rows of `mu, logvar (N, D)`."
     g = torch.Generator().manual_seed(seed)
     mu, logvar = mu.double(), logvar.double()
@@ -76,11 +86,17 @@ def aggregate_posterior_information(mu: torch.Tensor, logvar: torch.Tensor, seed
     if mi < 0: warnings.warn(f"aggregate-posterior MI estimate is negative ({mi:.4f}): z is unused or the sample is too small")
     return mi
 
-def active_units(mu: torch.Tensor, threshold: float = 0.01) -> int:
+def active_units(mu: torch.Tensor,         # (N, D) posterior means over held-out pairs
+                 threshold: float = 0.01,  # least variance across inputs of an active dimension
+                ) -> int:                  # active dimensions
     "Number of latent dimensions with $\\mathrm{Var}_x[\\mu_{q,d}] \\ge$ `threshold`."
     return int((mu.var(0) >= threshold).sum())
 
-def linear_probe_accuracy(features: torch.Tensor, labels: torch.Tensor, steps: int = 300, seed: int = 0) -> float:
+def linear_probe_accuracy(features: torch.Tensor,  # (N, F), e.g. posterior means
+                          labels: torch.Tensor,    # (N,) long class labels, e.g. the strategies
+                          steps: int = 300,        # L-BFGS iterations
+                          seed: int = 0,           # seeds the split and the initial weights
+                         ) -> float:               # share right on the held-out 30 %
     "Held-out accuracy of a multinomial logistic regression from `features` to `labels` (first 70% train, rest test)."
     g = torch.Generator().manual_seed(seed)
     perm = torch.randperm(len(labels), generator=g)
@@ -98,8 +114,15 @@ def linear_probe_accuracy(features: torch.Tensor, labels: torch.Tensor, steps: i
 
 # %% ../nbs/08_metrics.ipynb #068a13bb
 @torch.no_grad()
-def rate_distortion(model: nn.Module, examples: list[Example], cache: SurprisalCache, batch_size: int = 128, seed: int = 0,
-                    c_ref: float = 1.0, loss: ReconstructionLossConfig | None = None, beta: float = 0.0) -> dict:
+def rate_distortion(model: nn.Module,                        # a CVAE
+                    examples: list[Example],                 # held-out examples
+                    cache: SurprisalCache,                   # their b_t (row i: examples[i])
+                    batch_size: int = 128,                   # examples per forward
+                    seed: int = 0,                           # seeds the posterior's samples
+                    c_ref: float = 1.0,                      # reference scale c_theta (exact posterior)
+                    loss: ReconstructionLossConfig | None = None,  # the objective's stack (exact posterior; None: the cELBO's)
+                    beta: float = 0.0,                       # the KL weight (exact posterior)
+                   ) -> dict:                                # per-example rate, distortion, base, tokens; q, r, mu, logvar where present; gain_per_position
     "Per-example rate, distortion and base surprisal, plus posterior statistics, on `examples` (`c_ref, loss, beta` give an exact posterior)."
     if getattr(model.config, "posterior", "amortized") != "amortized" and loss is None:
         raise ValueError("an exact-posterior model needs the objective to evaluate: pass c_ref, loss and beta")
@@ -130,7 +153,9 @@ def rate_distortion(model: nn.Module, examples: list[Example], cache: SurprisalC
     out["gain_per_position"] = (gain_sum / gain_n.clamp_min(1)).tolist()
     return out
 
-def information_gain(distortion: torch.Tensor, base: torch.Tensor) -> dict[str, float]:
+def information_gain(distortion: torch.Tensor,  # (N,) per-example mean token loss, nats/token
+                     base: torch.Tensor,        # (N,) per-example mean base surprisal b, nats/token
+                    ) -> dict[str, float]:      # gain_abs and gain_frac
     "Absolute ($\\bar b - \\bar\\ell$, nats/token) and fractional ($1 - \\bar\\ell/\\bar b$) information gain from $z$."
     b, l = base.mean().item(), distortion.mean().item()
     return {"gain_abs": b - l, "gain_frac": 1 - l / b if b > 0 else float("nan")}
@@ -190,11 +215,15 @@ def alignment_score(counts,                  # (K, S) code-by-strategy counts of
     n = float(N.sum() + U.sum())
     return matched / n if n > 0 else 0.0
 
-def alignment_one_to_one(counts, unclassified=None) -> float:
+def alignment_one_to_one(counts,             # (K, S) code-by-strategy counts of the classified records
+                         unclassified=None,  # (K,) records of each code without a strategy; None: the classified score
+                        ) -> float:          # A_{1:1} in [0, 1]
     "One-to-one alignment $A_{1:1}$ (codes and strategies matched at most once each)."
     return alignment_score(counts, unclassified, "one_to_one")
 
-def alignment_many_to_one(counts, unclassified=None) -> float:
+def alignment_many_to_one(counts,             # (K, S) code-by-strategy counts of the classified records
+                          unclassified=None,  # (K,) records of each code without a strategy; None: the classified score
+                         ) -> float:          # A_{n:1} in [0, 1]
     "Purity $A_{n:1}$ (each code sent to its majority strategy)."
     return alignment_score(counts, unclassified, "many_to_one")
 
@@ -235,8 +264,8 @@ def contingency_tables(rows: list[int],     # r_k, records per code
 # %% ../nbs/08_metrics.ipynb #95334a4b
 def permutation_tables(rows: list[int],   # r_k, records per code
                        cols: list[int],   # c_s, records per label
-                       n_samples: int = 2000,
-                       seed: int = 0,
+                       n_samples: int = 2000,  # tables drawn
+                       seed: int = 0,          # seeds the permutations
                       ) -> np.ndarray:    # (n_samples, K, C) tables drawn from P(N | r, c)
     "Tables with margins `rows` and `cols` drawn by randomly permuting the labels among the records (seeded)."
     rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
@@ -252,8 +281,8 @@ NULL_SAMPLES = 2000  # label permutations where exact enumeration is too large: 
 
 def alignment_null(counts,                   # (K, S) code-by-strategy counts of the classified records
                    unclassified=None,        # (K,) records of each code without a strategy (a label of their own)
-                   n_samples: int = NULL_SAMPLES,
-                   seed: int = 0,
+                   n_samples: int = NULL_SAMPLES,  # label permutations drawn where the tables are too many to enumerate
+                   seed: int = 0,            # seeds those permutations
                    exact_limit: int = 5000,  # enumerate the tables exactly when there are at most this many
                   ) -> dict[str, float]:     # the null A_0 of each rule
     "$A_0 = \\mathbb E[A(N)]$ under a random permutation of the records' labels (exact where the tables are few), for both rules."
@@ -290,7 +319,9 @@ def alignment_record(counts,              # (K, S) code-by-strategy counts
     return record
 
 # %% ../nbs/08_metrics.ipynb #d729238c
-def mean_record(name: str, values: list[float]) -> dict:
+def mean_record(name: str,            # the figure's name, the prefix of its keys
+                values: list[float],  # one value per input
+               ) -> dict:             # name, name_n, name_lo, name_hi
     "A mean of per-input values with its count and Student-t 95 % interval: name, name_n, name_lo, name_hi."
     n = len(values)
     if n == 0: return {name: float("nan"), f"{name}_n": 0, f"{name}_lo": float("nan"), f"{name}_hi": float("nan")}
@@ -352,7 +383,7 @@ def generation_metrics(model: DiscreteCVAE,        # a trained discrete CVAE
                        task: Task,                 # scores the generated traces
                        n_routed: int = 256,        # responses sampled through the router
                        n_forced: int = 64,         # inputs under each forced code
-                       seed: int = 0,
+                       seed: int = 0,              # seeds the codes drawn from the router, the sampling and the alignment nulls
                       ) -> dict:                   # `generation_scores` of the sampled responses
     "Sample responses through the router and under each forced code, and score them (`generation_scores`)."
     model.eval()
@@ -373,9 +404,16 @@ def generation_metrics(model: DiscreteCVAE,        # a trained discrete CVAE
 
 # %% ../nbs/08_metrics.ipynb #5692ac97
 @torch.no_grad()
-def within_input_strategy_information(model: DiscreteCVAE, examples: list[Example], task: Task, reference, c_ref: float = 1.0,
-                                      loss: ReconstructionLossConfig | None = None, beta: float = 0.0, n_inputs: int = 128,
-                                      seed: int = 0) -> dict[str, float]:
+def within_input_strategy_information(model: DiscreteCVAE,      # a trained discrete CVAE
+                                      examples: list[Example],  # held-out examples (their distinct inputs are used)
+                                      task: Task,               # renders every strategy's trace of an input
+                                      reference,                # the frozen reference: b_t of those traces
+                                      c_ref: float = 1.0,       # reference scale c_theta (exact posterior)
+                                      loss: ReconstructionLossConfig | None = None,  # the objective's stack (exact posterior; None: the cELBO's)
+                                      beta: float = 0.0,        # the KL weight (exact posterior)
+                                      n_inputs: int = 128,      # distinct inputs used, the first ones
+                                      seed: int = 0,            # seeds the traces' rendering
+                                     ) -> dict[str, float]:     # I_zs_given_x (nats) and I_zs_given_x_norm
     "$I(z;s|x)$ (nats, and normalized by $H(s|x)$): every strategy's trace of each input scored through the model's posterior."
     import random
     rng, S = random.Random(seed), len(task.strategies)
@@ -392,7 +430,12 @@ def within_input_strategy_information(model: DiscreteCVAE, examples: list[Exampl
 
 # %% ../nbs/08_metrics.ipynb #a27c18ce
 @torch.no_grad()
-def marginal_nll(model: nn.Module, examples: list[Example], cache: SurprisalCache, n_importance: int = 16, seed: int = 0) -> dict[str, float]:
+def marginal_nll(model: nn.Module,         # a CVAE (discrete: exact marginal; continuous: importance-weighted)
+                 examples: list[Example],  # held-out examples
+                 cache: SurprisalCache,    # their b_t (row i: examples[i])
+                 n_importance: int = 16,   # importance samples of a continuous latent
+                 seed: int = 0,            # seeds those samples
+                ) -> dict[str, float]:     # marginal_nll and base_nll, nats per response token
     "Router-marginal NLL per response token (exact for discrete z, importance-weighted for continuous) and the base's."
     model.eval()
     out = model(examples) if isinstance(model, DiscreteCVAE) else None
@@ -443,10 +486,10 @@ def evaluate_model(model: nn.Module,                 # a trained CVAE
                    task: Task,                       # scores generated traces
                    n_routed: int = 256,              # responses sampled through the router (generation metrics)
                    n_forced: int = 64,               # inputs generated under each forced code
-                   seed: int = 0,
-                   c_ref: float = 1.0,               # the objective (needed by an exact posterior)
-                   loss: ReconstructionLossConfig | None = None,
-                   beta: float = 0.0,
+                   seed: int = 0,                    # seeds every sampled figure
+                   c_ref: float = 1.0,               # reference scale c_theta (needed by an exact posterior)
+                   loss: ReconstructionLossConfig | None = None,  # the objective's stack (needed by an exact posterior)
+                   beta: float = 0.0,                # the KL weight (needed by an exact posterior)
                    reference=None,                   # the frozen reference: scores every strategy's trace for I(z;s|x)
                   ) -> dict:                         # every metric, flat
     "Every metric of this notebook for one model on held-out `examples`."
