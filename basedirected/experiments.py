@@ -128,8 +128,17 @@ class RunSpec:
     def command(self, run_dir: str) -> str: return shlex.join(["basedirected-train", "--run-dir", run_dir, *self.argv])
 
 # %% ../nbs/11_experiments.ipynb #59b2e5c7
-def cell_argv(preset: Preset, regime: str, latent: str, objective: str, alpha: float, gamma: float, seed: int,
-              posterior: str = "exact", K: int = 3, beta: float | None = None, tau: float | None = None) -> list[str]:
+def cell_argv(preset: Preset,              # the sweep's sizes
+              regime: str,                 # a task name, or a regime of the visiting-order task
+              latent: str,                 # 'discrete' or 'continuous'
+              objective: str,              # one of OBJECTIVE_NAMES
+              alpha: float, gamma: float,  # theta's alpha and gamma (gamma also for the token-weighted terms)
+              seed: int,                   # the CVAE seed
+              posterior: str = "exact",    # a discrete latent's posterior
+              K: int = 3,                  # discrete codes
+              beta: float | None = None,   # the cell's absolute KL weight...
+              tau: float | None = None,    # ...or its share of the objective's break-even
+             ) -> list[str]:
     "The `basedirected-train` options of one grid cell (its KL weight as `beta` or as `tau`)."
     every = max(preset.cvae_steps // preset.evals, 1)
     where = ["--task", regime] if regime in Task.registry else ["--regime", regime]  # a task name, or a regime of the visiting-order task
@@ -151,7 +160,8 @@ def cell_argv(preset: Preset, regime: str, latent: str, objective: str, alpha: f
     if preset.shared_prefix and latent == "discrete": argv += ["--shared-prefix"]
     return argv
 
-def plan(preset: Preset) -> list[RunSpec]:
+def plan(preset: Preset,  # a preset (its grid and arms)
+        ) -> list[RunSpec]:
     "Every run of `preset` (its grid, then each arm's), in a stable order."
     specs = _grid(preset)
     for arm in preset.arms: specs += [s for s in _grid(dataclasses.replace(preset, arms=(), **arm)) if s.key not in {t.key for t in specs}]
@@ -178,7 +188,8 @@ def _grid(preset: Preset) -> list[RunSpec]:
     return specs
 
 # %% ../nbs/11_experiments.ipynb #a859b64c
-def plan_cost(preset: Preset, mean_tokens: int = 24,
+def plan_cost(preset: Preset,
+              mean_tokens: int = 24,       # tokens per sequence, for the FLOPs
               run_steps_per_min: float | None = None,  # a measured training rate (e.g. a GPU group's run-steps/min) to turn steps into minutes
              ) -> dict[str, float]:
     "Run-steps, base steps and training FLOPs of a preset (6 x parameters x tokens; `mean_tokens` per sequence)."
@@ -195,11 +206,19 @@ def plan_cost(preset: Preset, mean_tokens: int = 24,
     return out
 
 # %% ../nbs/11_experiments.ipynb #bec1e2e9
-def base_dir(out: Path, regime: str, seed: int) -> Path: return Path(out) / "bases" / f"{regime}-s{seed}"
+def base_dir(out: Path,   # the sweep's directory
+             regime: str,  # the task (or visiting-order regime)
+             seed: int,    # the data seed
+            ) -> Path: return Path(out) / "bases" / f"{regime}-s{seed}"
 
-def lock_path(out: Path, name: str) -> Path: return Path(out) / "locks" / f"{name}.lock"
+def lock_path(out: Path,   # the sweep's directory
+              name: str,   # a cell's key, or 'base-' and a base's directory name
+             ) -> Path: return Path(out) / "locks" / f"{name}.lock"
 
-def prepare_shared_base(out: Path, spec: RunSpec, device: str = "auto") -> dict:
+def prepare_shared_base(out: Path,            # the sweep's directory
+                        spec: RunSpec,        # a cell of the (task, data seed) whose base this is
+                        device: str = "auto",
+                       ) -> dict:             # the base's gate
     "Train (or reuse) the base model, $\\widehat c_\\theta$ and gate shared by every run of `(spec.regime, data seed)`; returns the gate. Under the base's lock: one process trains it, any other waits and reuses it."
     cfg, dev = spec.config, resolve_device(device)
     if cfg.threads: torch.set_num_threads(cfg.threads)
@@ -212,32 +231,44 @@ def prepare_shared_base(out: Path, spec: RunSpec, device: str = "auto") -> dict:
         prepare_reference_scale(d, base, vocab, train, FrozenReference(base), cfg, dev)
         return prepare_gate(d, base, vocab, cfg, held_out, dev)
 
-def check_base_gate(preset: Preset, spec: RunSpec, gate: dict) -> None:
+def check_base_gate(preset: Preset,  # the sweep (its gate exceptions)
+                    spec: RunSpec,   # a cell adapting from the base
+                    gate: dict,      # the base's gate
+                   ) -> None:
     "Refuse (`BaseGateError`) a shared base that fails the quality gate, unless `preset` names the exception."
     if gate["passes"] or spec.regime in dict(preset.gate_exceptions): return
     raise BaseGateError(f"the {spec.regime} base (data seed {spec.config.data_seed}) fails the quality gate ({'; '.join(gate_failures(gate))}); "
                         f"preset {preset.name} names no exception for it: give the task a base recipe that passes, or add it to gate_exceptions with the reason")
 
-# %% ../nbs/11_experiments.ipynb #e43f43a6
-def clear_cells(out: Path, specs: list[RunSpec]) -> None:
+# %% ../nbs/11_experiments.ipynb #5bfc9cac
+def clear_cells(out: Path,              # the sweep's directory
+                specs: list[RunSpec],   # the cells to clear
+               ) -> None:
     "`--force`: delete the files this package wrote for `specs` (their run directories and shared bases), and nothing else."
     for s in specs:
         for d in (Path(out) / "runs" / s.key, base_dir(out, s.regime, s.config.data_seed)):
             for f in RunDir(d).files(): f.unlink(missing_ok=True)
 
+# %% ../nbs/11_experiments.ipynb #52ffe3ab
 def _stale(rd: RunDir, spec: RunSpec) -> bool:
     "The run directory holds a run made under another configuration."
     return rd.config.exists() and read_json(rd.config).get("config") != json.loads(json.dumps(spec.config.to_dict()))
 
-def finished(out: Path, spec: RunSpec) -> bool:
+def finished(out: Path,      # the sweep's directory
+             spec: RunSpec,  # one of its cells
+            ) -> bool:
     "The cell's run finished under its current configuration (`metrics.json` is written last)."
     rd = RunDir(Path(out) / "runs" / spec.key)
     return rd.metrics.is_file() and not _stale(rd, spec)
 
-def record_preset(out: Path, preset: Preset) -> None:
+# %% ../nbs/11_experiments.ipynb #eeb480ef
+def record_preset(out: Path,       # the sweep's directory
+                  preset: Preset,
+                 ) -> None:
     "`preset.json`: the sweep's grid and environment, written before any cell (`--collect` rebuilds the preset from it)."
     atomic_write_json(Path(out) / "preset.json", {"preset": asdict(preset), "environment": environment_record(preset.seeds[0])})
 
+# %% ../nbs/11_experiments.ipynb #849c8993
 def _open_cell(out: Path, spec: RunSpec, force: bool) -> RunDir | dict:
     "The cell's run directory, ready to train (its base copied in, its command written), or its metrics if it already finished."
     rd = RunDir(Path(out) / "runs" / spec.key)
@@ -252,6 +283,7 @@ def _open_cell(out: Path, spec: RunSpec, force: bool) -> RunDir | dict:
     atomic_write_bytes(rd.command, (spec.command(str(rd.path)) + "\n").encode())
     return rd
 
+# %% ../nbs/11_experiments.ipynb #74ed6226
 def _with_options(run, spec: RunSpec):
     "The run with the cell's speed options that are not part of its configuration (shared-prefix enumeration)."
     if spec.shared_prefix and hasattr(run.model, "shared_prefix"): run.model.shared_prefix = True
@@ -267,14 +299,22 @@ def _cell_record(spec: RunSpec, run, final: dict, seconds: float) -> dict:
     atomic_write_json(run.dir.metrics, record)
     return record
 
-def cell_locks(out: Path, specs: list[RunSpec]) -> ExitStack:
+# %% ../nbs/11_experiments.ipynb #99c424bd
+def cell_locks(out: Path,             # the sweep's directory
+               specs: list[RunSpec],  # the cells to hold
+              ) -> ExitStack:
     "The locks of `specs`' run directories, held until the returned stack closes: one process trains a cell, a second waits for it."
     stack = ExitStack()
     for s in sorted(specs, key=lambda s: s.key):  # one order for every process: two packs that share cells cannot wait on each other
         stack.enter_context(file_lock(lock_path(out, s.key), f"waiting for another process training {s.key}"))
     return stack
 
-def run_cell(out: Path, spec: RunSpec, device: str = "auto", force: bool = False) -> dict:
+# %% ../nbs/11_experiments.ipynb #6dab18e0
+def run_cell(out: Path,              # the sweep's directory
+             spec: RunSpec,          # the cell
+             device: str = "auto",
+             force: bool = False,    # train it again even if it finished
+            ) -> dict:               # its metrics record
     "Train and evaluate one cell under its lock; returns its metrics (read back from disk when the run already finished under the same configuration)."
     with cell_locks(out, [spec]):
         rd = _open_cell(out, spec, force)
@@ -284,8 +324,14 @@ def run_cell(out: Path, spec: RunSpec, device: str = "auto", force: bool = False
         final = train_run(run)
         return _cell_record(spec, run, final, time.perf_counter() - t0)
 
-def run_group_cells(out: Path, specs: list[RunSpec], device: str = "auto", force: bool = False, compile: bool = False) -> list[dict]:
-    "Train the unfinished cells of `specs` (one `group_key`) as groups, one per checkpoint step they resume from, then evaluate each; returns every cell's metrics in order."
+# %% ../nbs/11_experiments.ipynb #3d2f71f1
+def run_group_cells(out: Path,              # the sweep's directory
+                    specs: list[RunSpec],   # cells of one group_key
+                    device: str = "auto",
+                    force: bool = False,    # train them again even if they finished
+                    compile: bool = False,  # compile the group's step
+                   ) -> list[dict]:         # every cell's metrics, in order
+    "Train the unfinished cells of `specs` (one `group_key`) as groups, one per checkpoint step they resume from, then evaluate each."
     with cell_locks(out, specs): return _run_group_cells(out, specs, device, force, compile)
 
 def _run_group_cells(out: Path, specs: list[RunSpec], device: str, force: bool, compile: bool) -> list[dict]:
@@ -308,13 +354,20 @@ def _run_group_cells(out: Path, specs: list[RunSpec], device: str, force: bool, 
     if failed: raise failed[0]  # the others are finished and written; a failed run stops the sweep, as alone
     return [records[i] for i in range(len(specs))]
 
-def run_pack(out: Path, specs: list[RunSpec], device: str, force: bool, compile: bool) -> list[dict]:
+# %% ../nbs/11_experiments.ipynb #7a0f81ed
+def run_pack(out: Path,              # the sweep's directory
+             specs: list[RunSpec],   # one cell, or several of one group_key
+             device: str,
+             force: bool,            # train them again even if they finished
+             compile: bool,          # compile a group's step
+            ) -> list[dict]:         # every cell's metrics, in order
     "The metrics of one pack of cells: a single cell alone (`run_cell`), several as a group (`run_group_cells`)."
     if len(specs) == 1: return [run_cell(out, specs[0], device, force)]
     return run_group_cells(out, specs, device, force, compile)
 
 # %% ../nbs/11_experiments.ipynb #6cad0857
-def die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int,  # the sweep process's pid
+                   ) -> None:
     "A sweep worker's initializer: the worker ends within a second of the sweep process `parent`, however that died (kill -9 included), so none trains on unattended."
     def watch():
         while os.getppid() == parent: time.sleep(1.0)
@@ -322,8 +375,15 @@ def die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True, name="die-with-parent").start()
 
 # %% ../nbs/11_experiments.ipynb #743db029
-def execute(out: Path, preset: Preset, jobs: int = 1, device: str = "auto", force: bool = False, progress: bool = True,
-            group_size: int = 1, compile: bool = False) -> list[dict]:
+def execute(out: Path,              # the sweep's directory
+            preset: Preset,
+            jobs: int = 1,          # worker processes (1: this process)
+            device: str = "auto",   # 'auto' spreads the packs over the visible GPUs
+            force: bool = False,    # train finished cells again
+            progress: bool = True,  # progress bars
+            group_size: int = 1,    # cells of one group_key trained as one group, at most this many
+            compile: bool = False,  # compile each group's step
+           ) -> list[dict]:         # one metrics record per cell, in plan order
     "Run every cell of `preset` under `out`, packing up to `group_size` cells that share a `group_key` into one trained group; returns one metrics record per run."
     threads = torch.get_num_threads()  # cells run in this process set the preset's thread count; the caller gets its own back
     try: return _execute(out, preset, jobs, device, force, progress, group_size, compile)

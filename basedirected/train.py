@@ -34,7 +34,7 @@ __all__ = ['evaluate', 'NonFiniteError', 'train_step', 'OneRun', 'ShardedRun', '
 @torch.no_grad()
 def evaluate(run: Run,                 # a prepared run (any backbone)
              beta: float,              # KL weight of the reported loss
-             batch_size: int = 128,
+             batch_size: int = 128,    # held-out examples per forward pass
             ) -> dict[str, float]:     # every term, 'kl', 'recon' and 'loss'
     "Every term and the KL on the run's held-out rows, example-weighted means over batches (a continuous latent's noise seeded by the run's seed and the batch)."
     model, rows, cache = run.model, run.eval_rows, run.eval_cache
@@ -176,7 +176,7 @@ def _resume(runs: list[Run]) -> tuple[int, list[list[dict] | None]]:
 # %% ../nbs/10_train.ipynb #87b7c34e
 def fit(runs: list[Run],                        # prepared runs (`prepare_run`, `prepare_hf_run`) that the stepper trains together
         stepper=None,                           # builds the stepper from the runs: None picks OneRun, or ShardedRun under torchrun; RunGroup for many
-        progress: bool = False,
+        progress: bool = False,                 # a progress bar (rank 0)
         stop_after: int | None = None,          # stop after this many steps (as if interrupted)
        ) -> list[dict | NonFiniteError]:        # each run's final held-out terms ({} on a process other than rank 0), or the error that stopped it
     "The training loop of every run: resume, steps, evaluations, checkpoints, the non-finite guard; a run that reaches its last step writes `eval.json`."
@@ -239,26 +239,35 @@ def fit(runs: list[Run],                        # prepared runs (`prepare_run`, 
     barrier(world)  # no process leaves before rank 0 has written
     return finals
 
-# %% ../nbs/10_train.ipynb #50db95e0
-def train_run(run: Run, progress: bool = False, stop_after: int | None = None) -> dict:
-    "Train one prepared run (`fit` with `OneRun`, or `ShardedRun` under torchrun); a run that reaches its last step writes `eval.json`. Returns the final held-out terms ({} on a process other than rank 0)."
+# %% ../nbs/10_train.ipynb #25649a86
+def train_run(run: Run,                        # a prepared run (`prepare_run`, `prepare_hf_run`)
+              progress: bool = False,          # a progress bar (rank 0)
+              stop_after: int | None = None,   # stop after this many steps, as if interrupted
+             ) -> dict:                        # the final held-out terms ({} on a process other than rank 0)
+    "Train one prepared run (`fit` with `OneRun`, or `ShardedRun` under torchrun); a run that reaches its last step writes `eval.json`."
     (final,) = fit([run], progress=progress, stop_after=stop_after)
     if isinstance(final, NonFiniteError): raise final
     return final
 
+# %% ../nbs/10_train.ipynb #454d5611
 class BaseGateError(ValueError):
     "The base model fails its quality gate and the caller asked for the gate to hold."
 
-def gate_message(gate: dict, path: Path) -> str:
+def gate_message(gate: dict,   # a `base_gate.json` record
+                 path: Path,   # where it is
+                ) -> str:
     "One line saying which criteria of the gate failed, by how much, and what to do."
     return (f"the base model fails the quality gate ({'; '.join(gate_failures(gate))}; see {path}): train it longer (--base-steps) "
             "or pass --allow-failed-base to adapt a CVAE from it anyway")
 
-def compile_cvae(model: nn.Module) -> nn.Module:
+# %% ../nbs/10_train.ipynb #a1198599
+def compile_cvae(model: nn.Module,  # a CVAE (its generator and posterior backbones are compiled in place)
+                ) -> nn.Module:
     "Compile the CVAE's generator and posterior backbones in place (`torch.compile`, dynamic shapes: batches differ in length); state-dict keys are unchanged."
     for name in ("generator", "posterior"): getattr(model, name).compile(dynamic=True)
     return model
 
+# %% ../nbs/10_train.ipynb #e8235555
 def run_metrics(run: Run,             # a trained run
                 final: dict,          # its final held-out terms (`train_run`)
                ) -> dict:
@@ -282,9 +291,19 @@ def run_metrics(run: Run,             # a trained run
     # a figure with no value here (e.g. no revealing token, no code ever chosen) is written as null: JSON has no NaN
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
 
-def run(run_dir: Path, config: RunConfig, device: str = "auto", progress: bool = False, stop_after: int | None = None, resume_without_log: bool = False, require_gate: bool = False, compile: bool = False,
-        shared_prefix: bool = False, metrics: bool = False) -> dict:
-    "A complete run in `run_dir`; returns the final held-out terms (also written to `eval.json`). `require_gate` refuses a failing base; `compile` compiles the CVAE; `shared_prefix` computes a discrete CVAE's prompt once for all codes; `metrics` writes `run_metrics` to `metrics.json` once the run is complete."
+# %% ../nbs/10_train.ipynb #79d616ef
+def run(run_dir: Path,                     # the run directory (made if absent; resumed if it holds this run)
+        config: RunConfig,
+        device: str = "auto",              # 'auto', 'cpu' or 'cuda[:i]' (under torchrun each process takes its LOCAL_RANK GPU)
+        progress: bool = False,            # progress bars (rank 0)
+        stop_after: int | None = None,     # stop after this many steps, as if interrupted
+        resume_without_log: bool = False,  # resume from a checkpoint whose log.jsonl is missing
+        require_gate: bool = False,        # refuse (BaseGateError) a base that fails the quality gate; else warn
+        compile: bool = False,             # compile the CVAE's backbones (`compile_cvae`)
+        shared_prefix: bool = False,       # a discrete CVAE computes its prompt once for all codes
+        metrics: bool = False,             # write `run_metrics` to metrics.json once the run is complete
+       ) -> dict:                          # the final held-out terms (also in eval.json)
+    "A complete run of the task's small transformer in `run_dir`, on one process or each of torchrun's."
     r = prepare_run(run_dir, config, device, progress, resume_without_log)
     if compile: compile_cvae(r.model)
     if shared_prefix and hasattr(r.model, "shared_prefix"): r.model.shared_prefix = True
