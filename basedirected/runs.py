@@ -236,7 +236,8 @@ class RunDir:
 # %% ../nbs/09_runs.ipynb #1a35e01d
 def _tmp_name(path: Path) -> Path: return path.with_name(f".{path.name}.tmp{os.getpid()}")
 
-def atomic_write_bytes(path: Path, data: bytes):
+def atomic_write_bytes(path: Path,  # the file to (re)place
+                       data: bytes):
     "Write `data` to `path` via a temporary file and an atomic rename."
     path = Path(path); tmp = _tmp_name(path)
     try:
@@ -246,9 +247,12 @@ def atomic_write_bytes(path: Path, data: bytes):
     finally:
         tmp.unlink(missing_ok=True)
 
-def atomic_write_json(path: Path, obj): atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode())
+def atomic_write_json(path: Path,  # the file to (re)place
+                      obj):        # a JSON object without NaN or infinity (refused: JSON has none)
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode())
 
-def atomic_torch_save(path: Path, obj):
+def atomic_torch_save(path: Path,  # the file to (re)place
+                      obj):        # what `torch.save` writes
     "`torch.save` through a temporary file and an atomic rename."
     path = Path(path); tmp = _tmp_name(path)
     try:
@@ -260,13 +264,15 @@ def atomic_torch_save(path: Path, obj):
         tmp.unlink(missing_ok=True)
 
 # %% ../nbs/09_runs.ipynb #9fb8efed
-def load_checkpoint(path: Path) -> dict:
+def load_checkpoint(path: Path,  # a checkpoint or base.pt
+                   ) -> dict:
     "A checkpoint or base file (tensors and primitives only); `ValueError` names a file that cannot be read."
     try: return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError: raise
     except Exception as e: raise ValueError(f"{path} is not a readable checkpoint ({type(e).__name__}); delete it or rerun with --force") from None
 
-def read_json(path: Path) -> dict:
+def read_json(path: Path,  # a JSON file the package wrote
+             ) -> dict:
     "A JSON object of the run (every file the package writes holds one); `ValueError` names a file that cannot be read or holds something else."
     try: d = json.loads(Path(path).read_text())
     except FileNotFoundError: raise
@@ -276,7 +282,8 @@ def read_json(path: Path) -> dict:
     return d
 
 # %% ../nbs/09_runs.ipynb #45f8e298
-def trained_state(model: nn.Module) -> dict[str, torch.Tensor]:
+def trained_state(model: nn.Module,  # a CVAE
+                 ) -> dict[str, torch.Tensor]:
     "The weights training changes, by state-dict name: every parameter that requires gradient (what a checkpoint saves)."
     names = {n for n, p in model.named_parameters() if p.requires_grad}
     return {k: v for k, v in model.state_dict().items() if k in names}
@@ -307,7 +314,7 @@ def file_lock(path: Path,                # the lock file (created, with its fold
         finally: fcntl.flock(f, fcntl.LOCK_UN)
 
 @contextmanager
-def exclusive_run_dir(path: Path):
+def exclusive_run_dir(path: Path):  # a run directory (nothing to hold if it does not exist yet)
     "Hold the run directory `path` (a lock on the directory itself) and clear a killed writer's temporary files; `ValueError` if another process holds it. A directory not yet made needs no lock."
     if not Path(path).is_dir(): yield; return
     fd = os.open(path, os.O_RDONLY)
@@ -318,7 +325,8 @@ def exclusive_run_dir(path: Path):
         yield
     finally: os.close(fd)
 
-def remove_temporaries(directory: Path) -> list[Path]:
+def remove_temporaries(directory: Path,  # a run directory (or a shared base's)
+                      ) -> list[Path]:     # the files removed
     "Delete the temporary files that interrupted atomic writes of the package's own files left in `directory` (call it holding the directory's lock); returns them."
     d, names = Path(directory), {f.name for f in RunDir(directory).files()}
     debris = lambda p: (m := re.fullmatch(r"\.(.+)\.tmp\d+", p.name)) is not None and m.group(1) in names and p.is_file()
@@ -327,7 +335,8 @@ def remove_temporaries(directory: Path) -> list[Path]:
     return found
 
 # %% ../nbs/09_runs.ipynb #fb1e76f4
-def read_log(path: Path) -> list[dict]:
+def read_log(path: Path,  # a log.jsonl
+            ) -> list[dict]:
     "The records of a `log.jsonl`; an incomplete last line (a kill mid-write) is dropped, a corrupt line elsewhere is an error."
     path = Path(path)
     lines = path.read_bytes().splitlines() if path.exists() else []
@@ -343,14 +352,16 @@ def read_log(path: Path) -> list[dict]:
         out.append(record)
     return out
 
-def truncate_log(path: Path, step: int):
+def truncate_log(path: Path,  # a log.jsonl
+                 step: int):  # the checkpoint's step
     "Keep only the log records with `step <= step` (atomically): what a resume from the checkpoint at `step` must see."
     if not Path(path).exists(): return
     keep = [r for r in read_log(path) if r["step"] <= step]
     atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in keep).encode())
 
 # %% ../nbs/09_runs.ipynb #8d024ad1
-def environment_record(seed: int) -> dict:
+def environment_record(seed: int,  # the run's seed, recorded with it
+                      ) -> dict:
     "Git revision, package versions, machine and seed, stored with every run."
     def git(*a):
         try: return subprocess.run(["git", *a], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip() or None
@@ -363,7 +374,8 @@ def environment_record(seed: int) -> dict:
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
-def resolve_device(device: str = "auto") -> torch.device:
+def resolve_device(device: str = "auto",  # 'auto', 'cpu' or 'cuda[:i]'
+                  ) -> torch.device:
     "`auto` picks CUDA when available, else CPU; anything else must name a device torch knows."
     if device == "auto": return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try: dev = torch.device(device)
@@ -372,12 +384,14 @@ def resolve_device(device: str = "auto") -> torch.device:
     if dev.type not in ("cpu", "cuda"): raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:i]', got {device!r}")
     return dev
 
-def run_vocab(config: RunConfig) -> Vocab:
+def run_vocab(config: RunConfig,
+             ) -> Vocab:
     "The vocabulary of a run: the task's tokens and enough latent codes for its CVAE (at least 8, so runs share ids)."
     return Vocab.for_task(config.task, n_latent=max(config.cvae.K, 8))
 
 # %% ../nbs/09_runs.ipynb #4132ed6d
-def distributed_setup(device: str = "auto") -> tuple[int, int, torch.device]:
+def distributed_setup(device: str = "auto",  # 'auto', 'cpu' or 'cuda' (each of torchrun's processes takes its LOCAL_RANK GPU)
+                     ) -> tuple[int, int, torch.device]:  # rank, world size, device
     "Rank, world size and device of this process: one process, or one of `torchrun`'s (gloo on CPU, nccl on GPU)."
     world = int(os.environ.get("WORLD_SIZE", "1"))
     dev = resolve_device(device)
@@ -387,11 +401,13 @@ def distributed_setup(device: str = "auto") -> tuple[int, int, torch.device]:
     if not dist.is_initialized(): dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     return rank, world, dev
 
-def barrier(world: int):
+def barrier(world: int):  # the number of processes
     "Wait for every process (nothing to wait for in one)."
     if world > 1: dist.barrier()
 
-def gather_floats(values: list[float], world: int, device) -> list[list[float]]:
+def gather_floats(values: list[float],  # this process's numbers (as many as every other process's)
+                  world: int,            # the number of processes
+                  device) -> list[list[float]]:
     "Every process's `values` (one list per rank, equal lengths)."
     t = torch.tensor(values, dtype=torch.float64, device=device)
     if world == 1: return [t.tolist()]
@@ -399,7 +415,10 @@ def gather_floats(values: list[float], world: int, device) -> list[list[float]]:
     dist.all_gather(out, t)
     return [o.tolist() for o in out]
 
-def shard_indices(idx: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+def shard_indices(idx: torch.Tensor,  # the global minibatch's example indices
+                  rank: int,          # this process
+                  world: int,         # the number of processes
+                 ) -> torch.Tensor:
     "Process `rank`'s equal, contiguous share of the global minibatch `idx`."
     if len(idx) % world: raise ValueError(f"a batch of {len(idx)} does not split over {world} processes")
     return idx.view(world, -1)[rank]
@@ -413,7 +432,10 @@ def _base_key(config: RunConfig) -> dict:
     "What a base model depends on: its training configuration, its seed (the data seed), the task and the training split's size."
     return {"base_config": asdict(config.base), "seed": config.data_seed, "task": config.task.to_dict(), "n_train": config.n_train}
 
-def load_base(run_dir: Path, vocab: Vocab, config: RunConfig | None = None) -> TinyCausalLM | None:
+def load_base(run_dir: Path,                     # a run directory (or a shared base's)
+              vocab: Vocab,
+              config: RunConfig | None = None,  # the configuration the base must have been made for (None: any)
+             ) -> TinyCausalLM | None:
     "The base model of `run_dir` (eval mode); None when it is missing or was made for another configuration than `config`."
     path = RunDir(run_dir).base
     if not path.exists(): return None
@@ -425,8 +447,14 @@ def load_base(run_dir: Path, vocab: Vocab, config: RunConfig | None = None) -> T
     model.load_state_dict(ck["model"])
     return model.eval()
 
-def prepare_base(run_dir: Path, vocab: Vocab, train: list[Example], config: RunConfig, device, progress=False,
-                 held_out: list[Example] = ()) -> TinyCausalLM:
+def prepare_base(run_dir: Path,               # where base.pt is, or goes
+                 vocab: Vocab,
+                 train: list[Example],        # the run's training split
+                 config: RunConfig,
+                 device,
+                 progress=False,              # a progress bar over pre-training
+                 held_out: list[Example] = (),  # inputs the base never sees
+                ) -> TinyCausalLM:
     "Load `base.pt` from `run_dir` if it matches `config`, else pre-train it (on `base_training_examples`, never on a `held_out` input) and save it."
     model = load_base(run_dir, vocab, config)
     if model is not None: return model.to(device)
@@ -436,7 +464,13 @@ def prepare_base(run_dir: Path, vocab: Vocab, train: list[Example], config: RunC
     return model
 
 # %% ../nbs/09_runs.ipynb #d2fd9d87
-def prepare_reference_scale(run_dir: Path, base, vocab, train, reference, config: RunConfig, device) -> ReferenceScale:
+def prepare_reference_scale(run_dir: Path,      # where reference_scale.json is, or goes
+                            base,               # the base model (samples y ~ p_theta)
+                            vocab,
+                            train,              # the training split (its prompts, and its observed y for the data estimate)
+                            reference,          # the frozen reference (b_t of the observed y)
+                            config: RunConfig,
+                            device) -> ReferenceScale:
     "Load or estimate $\\widehat c_\\theta$ (both estimates are stored; `config.c_source` picks the one used)."
     path = RunDir(run_dir).scale
     if path.exists():
@@ -449,7 +483,12 @@ def prepare_reference_scale(run_dir: Path, base, vocab, train, reference, config
     return model_scale if config.c_source == "model" else data_scale
 
 # %% ../nbs/09_runs.ipynb #5cc75796
-def prepare_gate(run_dir: Path, base, vocab, config: RunConfig, held_out: list[Example], device) -> dict:
+def prepare_gate(run_dir: Path,             # where base_gate.json is, or goes
+                 base,                      # the base model
+                 vocab,
+                 config: RunConfig,
+                 held_out: list[Example],   # the inputs the gate samples on
+                 device) -> dict:
     "Load or measure the base's quality gate ([`base_gate`](06a_base.ipynb)), stored in `base_gate.json` and keyed like the base."
     path = RunDir(run_dir).gate
     if path.exists():
@@ -522,7 +561,9 @@ class Run:
     def gate(self) -> dict: return prepare_gate(self.dir.path, self.base, self.vocab, self.config, self.held_out, self.device)
 
 # %% ../nbs/09_runs.ipynb #41858f09
-def read_reference_scale(path: Path, source: str) -> ReferenceScale:
+def read_reference_scale(path: Path,  # a reference_scale.json
+                         source: str, # 'model' or 'data'
+                        ) -> ReferenceScale:
     "The `source` estimate ('model' or 'data') of $\\widehat c_\\theta$ in a `reference_scale.json`."
     d = read_json(path)
     if not isinstance(d.get(source), dict): raise ValueError(f"{path} holds no {source} estimate of c_theta; delete it to estimate it again")
@@ -549,7 +590,7 @@ def _checked_checkpoint(path: Path) -> dict:
     return ck
 
 # %% ../nbs/09_runs.ipynb #a50580b6
-def check_writable(path: Path):
+def check_writable(path: Path):  # a directory to write (it need not exist yet)
     "Refuse (`ValueError` naming the path) a directory that is, or would be made below, a file, or cannot be written."
     for p in (path, *path.parents):
         if p.exists():
@@ -557,7 +598,10 @@ def check_writable(path: Path):
             if not os.access(p, os.W_OK | os.X_OK): raise ValueError(f"{path}: {p} is not writable")
             return
 
-def check_run_dir(run_dir: Path, config: RunConfig, resume_without_log: bool = False) -> None:
+def check_run_dir(run_dir: Path,                     # the directory a run would write
+                  config,                            # the run's RunConfig or HFRunConfig
+                  resume_without_log: bool = False,  # a checkpoint without its log.jsonl may resume
+                 ) -> None:
     "Refuse (`ValueError` naming the file) a run directory that cannot hold, or resume, a run of `config`."
     rd = RunDir(run_dir)
     check_writable(rd.path)
@@ -584,7 +628,9 @@ def check_run_dir(run_dir: Path, config: RunConfig, resume_without_log: bool = F
 class RunInputError(ValueError):
     "An input that cannot make a run, found by `prepare_run` before it writes anything (the CLI says it in one line)."
 
-def check_sequence_lengths(config: RunConfig, examples: list[Example]) -> None:
+def check_sequence_lengths(config: RunConfig,
+                           examples: list[Example],  # every example the run reads
+                          ) -> None:
     "Refuse (`RunInputError`) a model whose `max_len` cannot hold the task's longest sequence in the generator's layout (with its latent code)."
     longest = max((len(layout_tokens(e, "c")) for e in examples), default=0)
     if longest > config.base.model.max_len:
@@ -592,7 +638,12 @@ def check_sequence_lengths(config: RunConfig, examples: list[Example]) -> None:
                             f"give --max-len {longest} or more")
 
 # %% ../nbs/09_runs.ipynb #d5870f80
-def prepare_run(run_dir: Path, config: RunConfig, device: str = "auto", progress: bool = False, resume_without_log: bool = False) -> Run:
+def prepare_run(run_dir: Path,                     # the run directory (made if absent; resumed if it holds this run)
+                config: RunConfig,
+                device: str = "auto",              # 'auto', 'cpu' or 'cuda[:i]' (under torchrun each process takes its LOCAL_RANK GPU)
+                progress: bool = False,            # a progress bar over the base's pre-training
+                resume_without_log: bool = False,  # a checkpoint without its log.jsonl may resume
+               ) -> Run:
     "Everything a new or resumed run needs, with `config.json` written first; the CVAE is freshly initialized from the base. Under `torchrun` rank 0 writes every file and the other processes read them."
     rd = RunDir(run_dir)
     rank, world, device = distributed_setup(device)
@@ -617,7 +668,9 @@ def prepare_run(run_dir: Path, config: RunConfig, device: str = "auto", progress
     return run
 
 # %% ../nbs/09_runs.ipynb #8fa6cc9a
-def load_run(run_dir: Path, device: str = "cpu") -> Run:
+def load_run(run_dir: Path,          # a run directory the package wrote, on any backbone
+             device: str = "cpu",
+            ) -> Run:
     "A run rebuilt from its directory alone, whatever its backbone; the CVAE holds the weights of `checkpoint.pt` (fresh from the base if there is none)."
     rd = RunDir(run_dir)
     if not rd.is_run(): raise ValueError(f"{rd.path} is not a run directory (no config.json)")
