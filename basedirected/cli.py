@@ -33,8 +33,9 @@ import basedirected.addition, basedirected.grid_pathfinding, basedirected.sortin
 from .visiting_order import REGIMES
 
 # %% auto #0
-__all__ = ['BACKBONES', 'OPTIONS', 'field_comments', 'add_dataclass_options', 'dataclass_from_args', 'Option', 'option_help',
-           'build_parser', 'config_from_args', 'hf_config_from_args', 'train_main', 'hf_train_main']
+__all__ = ['BACKBONES', 'RUN_OPTIONS', 'TASK_OPTIONS', 'HF_OPTIONS', 'OBJECTIVE_OPTIONS', 'TRAINING_OPTIONS', 'OPTIONS',
+           'field_comments', 'add_dataclass_options', 'dataclass_from_args', 'Option', 'option_help', 'build_parser',
+           'config_from_args', 'hf_config_from_args', 'train_main', 'hf_train_main']
 
 # %% ../nbs/10b_cli.ipynb #76b9f9fc
 def _class_source(cls) -> str:
@@ -44,7 +45,8 @@ def _class_source(cls) -> str:
             if hasattr(v, "__code__") and (lines := linecache.getlines(v.__code__.co_filename)): return "".join(lines)
         raise
 
-def field_comments(cls) -> dict[str, str]:
+def field_comments(cls,  # a dataclass
+                  ) -> dict[str, str]:  # field name -> its comment
     "The comment after each field of dataclass `cls` in its source (with the comment lines continuing it): the one place its help text is written."
     out, last = {}, None
     for line in _class_source(cls).splitlines():
@@ -56,7 +58,10 @@ def field_comments(cls) -> dict[str, str]:
 # %% ../nbs/10b_cli.ipynb #257d80b0
 _SCALARS = {"int": int, "float": float, "str": str}
 
-def add_dataclass_options(parser, cls, choices: dict[str, tuple] | None = None, title: str | None = None):
+def add_dataclass_options(parser,                               # an `argparse.ArgumentParser`
+                          cls,                                  # a flat dataclass: one option per field
+                          choices: dict[str, tuple] | None = None,  # field -> the values it accepts
+                          title: str | None = None):            # the options' section of --help
     "Add one `--field-name` option per field of dataclass `cls` to `parser` (in a group titled `title`), its help its field comment."
     g, helps, choices = parser.add_argument_group(title) if title else parser, field_comments(cls), choices or {}
     for f in dataclasses.fields(cls):
@@ -67,7 +72,8 @@ def add_dataclass_options(parser, cls, choices: dict[str, tuple] | None = None, 
         g.add_argument(flag, dest=f.name, type=typ, choices=choices.get(f.name), default=f.default, help=text + shown)
     return g
 
-def dataclass_from_args(cls, args):
+def dataclass_from_args(cls,    # the dataclass `add_dataclass_options` read
+                        args):  # the parsed options
     "An instance of `cls` from the options `add_dataclass_options` added (its checks raise `ValueError` naming the option)."
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
@@ -94,16 +100,25 @@ class Option:
         if not self.path or not self.path.startswith("loss."): return []
         return [k for k, f in ORIGINAL_FLAG_ALIASES.items() if f.field == self.path[5:] and not f.switch]
 
-# %% ../nbs/10b_cli.ipynb #ecf98a1b
+# %% ../nbs/10b_cli.ipynb #0840ee39
 _TINY, _HF, _RECIPE = ("tiny",), ("hf",), "default: the task's base_recipe, else "
 
-OPTIONS: tuple[Option, ...] = (
+RUN_OPTIONS: tuple[Option, ...] = (
     Option("--run-dir", None, "run", "directory for config, base model, c_theta, log, checkpoint, eval and metrics", default="runs/train"),
     Option("--seed", "seed", "run"),
     Option("--base-seed", "base_seed", "run", default=None, type=int, backbones=_TINY),
     Option("--threads", "threads", "run", backbones=_TINY),
     Option("--device", None, "run", "'auto', 'cpu' or 'cuda[:i]' (under torchrun each process takes its LOCAL_RANK GPU)", default="auto"),
     Option("--stop-after", None, "run", "stop after this many steps, as if interrupted (rerun the command to resume)", default=None, type=int),
+    Option("--compile", None, "run", "compile the CVAE's backbones with torch.compile (a GPU speed option: same run up to float rounding, "
+           "the first steps pay the compile time)", default=False, backbones=_TINY),
+    Option("--shared-prefix", None, "run", "discrete z: run the prompt once for all K codes (a packed sequence; same numbers to float "
+           "round-off; a speed option, measured by the benchmark)", default=False, backbones=_TINY),
+    Option("--resume-without-log", None, "run", "resume from a checkpoint whose log.jsonl is missing (the earlier steps' records are lost)", default=False),
+)
+
+# %% ../nbs/10b_cli.ipynb #1d4b009d
+TASK_OPTIONS: tuple[Option, ...] = (  # the synthetic task and the base model the command pre-trains
     Option("--task", None, "task", "the synthetic task: a registered name (" + ", ".join(Task.registry) + ") or module:Class, a Task subclass of your "
            "own (its base_recipe gives the base's defaults); with --backbone, the task the data was exported from, whose checker scores generations "
            "(default: visiting_order; with --backbone none)", default=None),
@@ -124,6 +139,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--d-ff", "base.model.d_ff", "base model p_theta", default=None, type=int, backbones=_TINY, note="(default: 4 d_model)"),
     Option("--max-len", "base.model.max_len", "base model p_theta", backbones=_TINY),
     Option("--allow-failed-base", None, "base model p_theta", "adapt a CVAE even from a base that fails the quality gate (base_gate.json)", default=False, backbones=_TINY),
+)
+
+# %% ../nbs/10b_cli.ipynb #ee60995d
+HF_OPTIONS: tuple[Option, ...] = (  # a Hugging Face causal LM on disk instead
     Option("--backbone", "backbone", "Hugging Face backbone", default=None, type=str, backbones=_HF),
     Option("--data", "data", "Hugging Face backbone", default=None, type=str, backbones=_HF),
     Option("--eval-data", "eval_data", "Hugging Face backbone", default=None, type=str, backbones=_HF),
@@ -132,6 +151,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--lora-alpha", "adapt.lora_alpha", "Hugging Face backbone", backbones=_HF),
     Option("--lora-targets", "adapt.lora_targets", "Hugging Face backbone", backbones=_HF),
     Option("--optimizer", "optimizer", "Hugging Face backbone", choices=OPTIMIZERS, backbones=_HF),
+)
+
+# %% ../nbs/10b_cli.ipynb #4f210dd4
+OBJECTIVE_OPTIONS: tuple[Option, ...] = (  # the latent, the objective and its KL treatment
     Option("--latent", "cvae.latent", "latent", choices=("discrete", "continuous")),
     Option("--K", "cvae.K", "latent"),
     Option("--latent-dim", "cvae.latent_dim", "latent", backbones=_TINY),
@@ -152,6 +175,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--free-bits-mode", "train.free_bits_mode", "objective", choices=("batch", "dimension")),
     *(Option(f"--lambda-{t.replace('_', '-')}", f"loss.lambda_{t}", "objective", default=None, type=float,
              note="(its weight lambda; default: the objective's)") for t in TERM_NAMES if t != "theta"),
+)
+
+# %% ../nbs/10b_cli.ipynb #5a51bd10
+TRAINING_OPTIONS: tuple[Option, ...] = (  # c_theta, optimisation and the metrics' sample sizes
     Option("--c-source", "c_source", "reference", choices=("model", "data")),
     Option("--c-samples", "c_samples", "reference"),
     Option("--recompute-reference", "train.recompute_reference", "reference"),
@@ -168,12 +195,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--max-nonfinite-steps", "train.max_nonfinite_steps", "training"),
     Option("--n-routed", "metrics.n_routed", "metrics"),
     Option("--n-forced", "metrics.n_forced", "metrics"),
-    Option("--compile", None, "run", "compile the CVAE's backbones with torch.compile (a GPU speed option: same run up to float rounding, "
-           "the first steps pay the compile time)", default=False, backbones=_TINY),
-    Option("--shared-prefix", None, "run", "discrete z: run the prompt once for all K codes (a packed sequence; same numbers to float "
-           "round-off; a speed option, measured by the benchmark)", default=False, backbones=_TINY),
-    Option("--resume-without-log", None, "run", "resume from a checkpoint whose log.jsonl is missing (the earlier steps' records are lost)", default=False),
 )
+
+OPTIONS = (*RUN_OPTIONS, *TASK_OPTIONS, *HF_OPTIONS, *OBJECTIVE_OPTIONS, *TRAINING_OPTIONS)
 
 # %% ../nbs/10b_cli.ipynb #d10aa442
 def _field(obj, path: str):
@@ -184,7 +208,8 @@ def _config_of(o: Option):
     "A default configuration holding the field `o` sets: the small transformer's where it applies, else the Hugging Face one's."
     return RunConfig() if "tiny" in o.backbones else HFRunConfig("", "")
 
-def option_help(o: Option) -> str:
+def option_help(o: Option,  # one of OPTIONS
+               ) -> str:
     "The help text of `o`: its own, or its field's comment in the dataclass that holds it, with its note and shown default."
     if o.help is not None: text = o.help
     else:
@@ -207,7 +232,8 @@ class _Once(argparse.Action):
         seen[self.dest] = option_string
         setattr(namespace, self.dest, True if self.nargs == 0 else values)
 
-def build_parser(prog: str = "basedirected-train") -> argparse.ArgumentParser:
+def build_parser(prog: str = "basedirected-train",  # the command's name in its messages
+                ) -> argparse.ArgumentParser:
     "The `basedirected-train` argument parser, generated from `OPTIONS` and the configurations' field comments."
     p = argparse.ArgumentParser(prog=prog, description="Train a CVAE adapted from a base model with the p_theta-directed reconstruction "
                                 "objective J_theta = R_theta + beta KL(q || r): by default on a synthetic task, pre-training the base model "
@@ -275,7 +301,8 @@ def _original_switch(cfg, a: argparse.Namespace):
     return dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, lambda_dist=cfg.loss.lambda_dist + cfg.loss.lambda_std, lambda_std=0.0))
 
 # %% ../nbs/10b_cli.ipynb #dc9076ca
-def config_from_args(a: argparse.Namespace) -> RunConfig:
+def config_from_args(a: argparse.Namespace,  # what `build_parser` parsed
+                    ) -> RunConfig:
     "Validate the parsed options and build the small transformer's `RunConfig`; `ValueError` names the offending option."
     if a.tau is not None and a.beta is not None: raise ValueError("--tau and --beta both set the KL weight; give only one")
     given = _given(a, "tiny")
@@ -298,7 +325,8 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     return _original_switch(_apply(cfg, given), a)
 
 # %% ../nbs/10b_cli.ipynb #0fdacb39
-def hf_config_from_args(a: argparse.Namespace) -> HFRunConfig:
+def hf_config_from_args(a: argparse.Namespace,  # what `build_parser` parsed, with --backbone
+                       ) -> HFRunConfig:
     "Validate the parsed options and build the `HFRunConfig` of a run on a Hugging Face backbone; `ValueError` names the offending option."
     given = _given(a, "hf")
     if a.data is None: raise ValueError("--backbone needs --data, the training JSONL")
@@ -337,7 +365,9 @@ def _checked(a: argparse.Namespace, world: int):
     return config, train
 
 # %% ../nbs/10b_cli.ipynb #6ab67e44
-def train_main(argv: list[str] | None = None, prog: str = "basedirected-train") -> int:
+def train_main(argv: list[str] | None = None,  # the options (None: the command line's)
+               prog: str = "basedirected-train",  # the command's name in its messages
+              ) -> int:                          # 0; an error exits with status 2 and one line
     "Console entry point `basedirected-train` (one process, or each of `torchrun`'s): a run on the task's small transformer, or with `--backbone` on a Hugging Face model."
     args = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(prog)
@@ -379,6 +409,7 @@ def _report(rd: RunDir, prog: str, args: list[str], final: dict, seconds: float)
                  "gen_alignment_controlled_all_null", "gen_classified_share", "gen_purity_controlled_all", "gen_coverage_mean", "gen_answer_rate")
         print(f"  metrics ({len(m)} in {rd.metrics}): " + ", ".join(f"{k} {m[k]:.3f}" for k in shown if isinstance(m.get(k), float)))
 
-def hf_train_main(argv: list[str] | None = None) -> int:
+def hf_train_main(argv: list[str] | None = None,  # the options (None: the command line's)
+                 ) -> int:
     "Console entry point `basedirected-hf-train`: `basedirected-train` with `--backbone` required."
     return train_main(argv, prog="basedirected-hf-train")

@@ -151,7 +151,9 @@ class HFCausalLM(nn.Module):
         return (logits, out.hidden_states[-1]) if return_hidden else logits
 
 # %% ../nbs/10a_hf.ipynb #dff8881f
-def init_new_embeddings(model: nn.Module, new_ids: list[int], n_known: int):
+def init_new_embeddings(model: nn.Module,     # an `AutoModelForCausalLM`
+                        new_ids: list[int],   # the ids of the tokens added to its tokenizer
+                        n_known: int):        # the tokenizer's size before they were added
     "Grow the embeddings to hold `new_ids` and set their input and output rows to the mean of the first `n_known` rows."
     n = max(max(new_ids, default=-1) + 1, model.get_input_embeddings().weight.shape[0])
     if n > model.get_input_embeddings().weight.shape[0]: model.resize_token_embeddings(n, mean_resizing=False)
@@ -184,7 +186,8 @@ class PairRecord:
     strategy: str | None = None  # the latent strategy that wrote y, where known
     answer: object = None      # the final answer, where known
 
-def read_pairs(path) -> list[PairRecord]:
+def read_pairs(path,  # a JSONL file: one object per line with prompt, response, optional strategy and answer
+              ) -> list[PairRecord]:
     "The records of a JSONL file of `prompt`/`response` pairs (optional `strategy`, `answer`); errors name the line."
     path = Path(path)
     if not path.is_file(): raise ValueError(f"{path}: no such data file")
@@ -205,7 +208,8 @@ def read_pairs(path) -> list[PairRecord]:
     return out
 
 # %% ../nbs/10a_hf.ipynb #9c38b9eb
-def pairs_to_examples(vocab: HFVocab, records: list[PairRecord],
+def pairs_to_examples(vocab: HFVocab,              # the backbone's tokenizer with the layout's tokens
+                      records: list[PairRecord],
                       strategies: tuple[str, ...] | None = None,  # strategy names (index = s); None: sorted names of `records`
                      ) -> tuple[list[Example], tuple[str, ...]]:  # examples with token strings as x and y, and the names
     "Tokenize each record's prompt and response into an `Example` (strategy index -1 where unknown)."
@@ -217,7 +221,10 @@ def pairs_to_examples(vocab: HFVocab, records: list[PairRecord],
         out.append(Example(vocab.tokenize(r.prompt), vocab.tokenize(r.response), -1 if r.strategy is None else index[r.strategy]))
     return out, tuple(strategies)
 
-def encode_examples(vocab: HFVocab, examples: list[Example], codes: list[str] | None = None) -> Batch:
+def encode_examples(vocab: HFVocab,
+                    examples: list[Example],          # tokenized records
+                    codes: list[str] | None = None,   # one code per example (the generator's layout), or None (the base layout)
+                   ) -> Batch:
     "Right-padded `Batch` of `examples` in `layout_tokens`' layout (with one code each if `codes` is given), ids from the tokenizer."
     if not examples: raise ValueError("examples is empty: a batch needs at least one example")
     if codes is not None and len(codes) != len(examples): raise ValueError(f"need one code per example, got {len(codes)} for {len(examples)}")
@@ -237,16 +244,21 @@ class EncodedPairs(EncodedExamples):
         if not examples: raise ValueError("examples is empty: nothing to encode")
         self._store(encode_examples(vocab, examples), encode_examples(vocab, examples, ["<znull>"] * len(examples)), device)
 
-def context_length(model: HFCausalLM) -> int | None:
+def context_length(model: HFCausalLM,  # a backbone
+                  ) -> int | None:
     "The longest sequence the backbone reads (None where its config does not say)."
     c = model.model.config
     return getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None)
 
-def check_context(model: HFCausalLM, examples: list[Example], what: str = "data"):
+def check_context(model: HFCausalLM,       # the backbone whose context limits the examples
+                  examples: list[Example],
+                  what: str = "data"):      # the examples' name in the error ('training', 'eval')
     "Refuse an example whose generator layout is longer than the backbone's context, naming it."
     check_context_length(examples, context_length(model), what)
 
-def check_context_length(examples: list[Example], limit: int | None, what: str = "data"):
+def check_context_length(examples: list[Example],
+                         limit: int | None,     # the backbone's context (None: unknown, no check)
+                         what: str = "data"):   # the examples' name in the error
     "Refuse an example whose generator layout is longer than `limit` tokens (None: no limit known), naming it."
     if limit is None: return
     for i, e in enumerate(examples):
@@ -288,21 +300,28 @@ class PairSurprisalCache(SurprisalCache):
         self.values = self.values.cpu()
 
 # %% ../nbs/10a_hf.ipynb #9e43c612
-def train_rows_only(weight: nn.Parameter, rows: torch.Tensor):
+def train_rows_only(weight: nn.Parameter,  # an embedding matrix
+                    rows: torch.Tensor):   # the ids of the rows that train (the codes)
     "Make `weight` trainable in the rows `rows` only: the gradient of every other row is zeroed."
     keep = torch.zeros(weight.shape[0], 1, dtype=weight.dtype, device=weight.device)
     keep[rows.to(weight.device)] = 1
     weight.requires_grad_(True)
     weight.register_hook(lambda g: g * keep)
 
-def embedding_matrices(lm: HFCausalLM) -> list[nn.Parameter]:
+def embedding_matrices(lm: HFCausalLM,  # a backbone
+                      ) -> list[nn.Parameter]:
     "The input embedding matrix and, if it is not tied to it, the output one."
     out = lm.model.get_output_embeddings()
     mats = [lm.get_input_embeddings().weight] + ([] if out is None else [out.weight])
     return list({id(w): w for w in mats}.values())
 
 # %% ../nbs/10a_hf.ipynb #8795e81b
-def build_hf_cvae(base: HFCausalLM, vocab: HFVocab, config: CVAEConfig, adapt: AdaptConfig, seed: int = 0) -> DiscreteCVAE:
+def build_hf_cvae(base: HFCausalLM,      # the loaded backbone (copied: it stays the base)
+                  vocab: HFVocab,
+                  config: CVAEConfig,    # a discrete latent
+                  adapt: AdaptConfig,    # what trains
+                  seed: int = 0,         # the codes' noise and the LoRA factors' initialization
+                 ) -> DiscreteCVAE:
     "A discrete CVAE initialized from `base` (codes at `<znull>` + noise), with the weights `adapt.mode` trains set trainable."
     if config.latent != "discrete": raise ValueError("the Hugging Face backbone supports latent 'discrete' only")
     with torch.random.fork_rng(devices=[]):
@@ -321,13 +340,20 @@ def build_hf_cvae(base: HFCausalLM, vocab: HFVocab, config: CVAEConfig, adapt: A
         for w in embedding_matrices(model.generator): train_rows_only(w, model.code_ids)  # the code rows: z's embedding and router
     return model
 
-def hf_reference(model: DiscreteCVAE, base: HFCausalLM, adapt: AdaptConfig) -> HFReference:
+def hf_reference(model: DiscreteCVAE,   # the CVAE `build_hf_cvae` made
+                 base: HFCausalLM,      # the backbone it was made from
+                 adapt: AdaptConfig,
+                ) -> HFReference:
     "The frozen reference of a CVAE: the generator itself (frozen), with adapters disabled (lora), or the base copy (full)."
     if adapt.mode == "full": return HFReference(base.requires_grad_(False).eval())
     return HFReference(model.generator, adapters_off=adapt.mode == "lora")
 
 # %% ../nbs/10a_hf.ipynb #578970d3
-def build_optimizers(model: DiscreteCVAE, name: str, lr: float, weight_decay: float = 0.0) -> list[torch.optim.Optimizer]:
+def build_optimizers(model: DiscreteCVAE,         # the CVAE (its weights that require gradient train)
+                     name: str,                   # 'adamw' or 'muon'
+                     lr: float,                   # the learning rate of both
+                     weight_decay: float = 0.0,   # on the blocks' 2-D weights only
+                    ) -> list[torch.optim.Optimizer]:
     "AdamW over every trainable weight, or Muon over the 2-D weight matrices of the transformer blocks and AdamW over the rest."
     if name not in OPTIMIZERS: raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
     embeddings = {id(w) for w in embedding_matrices(model.generator)}
@@ -347,8 +373,13 @@ def build_optimizers(model: DiscreteCVAE, name: str, lr: float, weight_decay: fl
     return opts
 
 # %% ../nbs/10a_hf.ipynb #82279b5a
-def hf_reference_scale(reference: HFReference, vocab: HFVocab, examples: list[Example], cache: SurprisalCache,
-                       config: HFRunConfig, rank: int = 0, world: int = 1, device="cpu") -> ReferenceScale:
+def hf_reference_scale(reference: HFReference,     # the frozen base
+                       vocab: HFVocab,
+                       examples: list[Example],    # the training split (its prompts)
+                       cache: SurprisalCache,      # its b_t (the data estimate)
+                       config: HFRunConfig,        # c_source, c_samples and the seed
+                       rank: int = 0, world: int = 1,  # this process among torchrun's
+                       device="cpu") -> ReferenceScale:
     "$\\widehat c_\\theta$: responses sampled from the reference in the null layout (`model`), or the data's $b_\\theta$ (`data`); pooled over processes."
     if config.c_source == "data": return estimate_reference_scale(cache.base_means(), "data")
     pick = torch.randint(0, len(examples), (config.c_samples,), generator=torch.Generator().manual_seed(config.seed))
@@ -365,8 +396,14 @@ def hf_reference_scale(reference: HFReference, vocab: HFVocab, examples: list[Ex
 
 # %% ../nbs/10a_hf.ipynb #46438e95
 @torch.no_grad()
-def hf_metrics(model: DiscreteCVAE, rows: EncodedPairs, cache: SurprisalCache, strategies: torch.Tensor, c_ref: float,
-               loss: ReconstructionLossConfig, beta: float, batch_size: int = 64) -> dict:
+def hf_metrics(model: DiscreteCVAE,             # a trained CVAE
+               rows: EncodedPairs,              # the held-out rows
+               cache: SurprisalCache,           # their b_t
+               strategies: torch.Tensor,        # their strategy indices (-1: unknown)
+               c_ref: float,                    # c_theta
+               loss: ReconstructionLossConfig,  # the objective's stack
+               beta: float,                     # the final KL weight
+               batch_size: int = 64) -> dict:
     "The metrics that need no checker: rate, $I(z;x,y)$, code use, information gain per token and per position, marginal NLL vs base; $I(z;s)$ where strategies are known."
     model.eval()
     parts = {k: [] for k in ("rate", "distortion", "base", "q", "r")}
@@ -394,11 +431,14 @@ def hf_metrics(model: DiscreteCVAE, rows: EncodedPairs, cache: SurprisalCache, s
     return m
 
 # %% ../nbs/10a_hf.ipynb #5a4e6c5d
-def task_input(prompt: str) -> tuple:
+def task_input(prompt: str,  # an exported record's prompt
+              ) -> tuple:
     "A task's input read back from its exported prompt (`example_record` writes `x` space-separated): numbers become ints."
     return tuple(int(t) if t.lstrip("-").isdigit() else t for t in prompt.split())
 
-def task_response(vocab: HFVocab, tokens) -> tuple[str, ...]:
+def task_response(vocab: HFVocab,
+                  tokens,  # a generated response, the tokenizer's tokens
+                 ) -> tuple[str, ...]:
     "A generated response (the tokenizer's tokens) as the task's tokens: its text split on whitespace."
     return tuple(vocab.tokenizer.convert_tokens_to_string(list(tokens)).split())
 
@@ -431,7 +471,8 @@ def hf_generation_metrics(model: DiscreteCVAE,          # a CVAE on a Hugging Fa
     return generation_scores(routed, forced, len(task.strategies), traces, seed)
 
 # %% ../nbs/10a_hf.ipynb #498f52bd
-def check_hf_inputs(config: HFRunConfig, world: int = 1):
+def check_hf_inputs(config: HFRunConfig,
+                    world: int = 1):  # the number of processes (the batch must split over them)
     "Refuse, before anything is written, a backbone path, data file or batch size the run cannot use."
     if not (Path(config.backbone) / "config.json").is_file():
         raise ValueError(f"--backbone {config.backbone} is not a directory holding a saved model (config.json)")
@@ -446,7 +487,10 @@ def check_hf_inputs(config: HFRunConfig, world: int = 1):
 # %% ../nbs/10a_hf.ipynb #f8593e63
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
-def check_backbone(config: HFRunConfig, records: list[PairRecord], held: list[PairRecord]) -> None:
+def check_backbone(config: HFRunConfig,
+                   records: list[PairRecord],   # the training records
+                   held: list[PairRecord],      # the held-out records
+                  ) -> None:
     "Refuse, naming the directory, a backbone without a readable configuration or weights, a tokenizer that cannot encode the data, LoRA targets it lacks, or data longer than its context."
     path = Path(config.backbone)
     try: model_config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
@@ -468,7 +512,9 @@ def check_backbone(config: HFRunConfig, records: list[PairRecord], held: list[Pa
         unknown_targets = [t.strip() for t in config.adapt.lora_targets.split(",") if t.strip() and t.strip() not in names]
         if unknown_targets: raise ValueError(f"--lora-targets {', '.join(unknown_targets)}: no such module in the backbone {path}")
 
-def check_task_data(config: HFRunConfig, records: list[PairRecord]) -> None:
+def check_task_data(config: HFRunConfig,         # its task and regime
+                    records: list[PairRecord],   # the records the checker will read
+                   ) -> None:
     "Refuse a `--task` (or `--regime`) whose checker does not read the data: most of its records must be valid traces of that task."
     task = make_task(config.task, config.regime)
     def valid(r):
@@ -527,7 +573,9 @@ def prepare_hf_run(run_dir,                    # the run directory (made if abse
     barrier(world)
     return _hf_run(rd, config, device, fresh)
 
-def load_hf_run(run_dir, device: str = "cpu") -> Run:
+def load_hf_run(run_dir,               # a run directory prepare_hf_run wrote
+                device: str = "cpu",
+               ) -> Run:
     "A run on a Hugging Face backbone rebuilt from its directory alone (what `load_run` calls); the CVAE holds the weights of `checkpoint.pt`."
     rd = RunDir(run_dir)
     config = HFRunConfig.from_dict(read_json(rd.config)["config"])
@@ -537,9 +585,14 @@ def load_hf_run(run_dir, device: str = "cpu") -> Run:
     return run
 
 # %% ../nbs/10a_hf.ipynb #fa92d4a9
-def hf_run(run_dir, config: HFRunConfig, device: str = "auto", stop_after: int | None = None, progress: bool = False,
-           metrics: bool = True,                # write metrics.json once the run is complete
-           resume_without_log: bool = False) -> dict:
+def hf_run(run_dir,                            # the run directory (made if absent; resumed if it holds this run)
+           config: HFRunConfig,
+           device: str = "auto",               # 'auto', 'cpu' or 'cuda' (under torchrun each process takes its LOCAL_RANK GPU)
+           stop_after: int | None = None,      # stop after this many steps, as if interrupted
+           progress: bool = False,             # a progress bar (rank 0)
+           metrics: bool = True,               # write metrics.json once the run is complete
+           resume_without_log: bool = False,   # a checkpoint without its log.jsonl may resume
+          ) -> dict:                           # the final held-out terms, and the metrics as metric_*
     "A complete run in `run_dir` on one process or under `torchrun`; at the last step rank 0 writes `eval.json` and `metrics.json`."
     run = prepare_hf_run(run_dir, config, device, resume_without_log)
     (final,) = fit([run], progress=progress, stop_after=stop_after)
