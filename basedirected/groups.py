@@ -18,7 +18,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .base import SurprisalCache
-from .conventions import trusted_values
+from .conventions import patch, trusted_values
 from .cvae import exact_posterior
 from .model import Batch, Block, Rows, causal_attention
 from .objective import loss_reference_weights, loss_token_weights, term_token_weights
@@ -35,7 +35,8 @@ __all__ = ['GROUP_FREE_FIELDS', 'GROUP_PRECISIONS', 'ATTENTION_BACKENDS', 'group
 # %% ../nbs/10c_groups.ipynb #7949a250
 GROUP_FREE_FIELDS = ("seed", "base_seed", "objective", "loss", "train.beta", "train.tau", "train.beta_times_c_ref", "train.free_bits")
 
-def group_key(config: RunConfig) -> str | None:
+def group_key(config: RunConfig,  # a run's configuration
+             ) -> str | None:    # the JSON of what the group shares; None: the run trains alone
     "What runs of one group must share: `config` without `GROUP_FREE_FIELDS`; None for a run that trains alone (its reference recomputed each step)."
     if config.train.recompute_reference: return None
     d = config.to_dict()
@@ -46,7 +47,9 @@ def group_key(config: RunConfig) -> str | None:
         node.pop(last)
     return json.dumps(d, sort_keys=True)
 
-def pack_groups(configs: list[RunConfig], size: int) -> list[list[int]]:
+def pack_groups(configs: list[RunConfig],  # the runs' configurations, in sweep order
+                size: int,                 # most runs in a group
+               ) -> list[list[int]]:       # indices into `configs`, one list per group
     "Indices of `configs` packed into groups of at most `size` runs with equal `group_key`, in first-seen order; each run that trains alone is a group of one."
     if size < 1: raise ValueError(f"group size must be >= 1, got {size}")
     by_key, groups = {}, []
@@ -84,8 +87,11 @@ class TokenWeightTable:
 # %% ../nbs/10c_groups.ipynb #391d96b4
 class GroupAdamW:
     "AdamW over parameters stacked along a leading run dimension: each run with its own step count, clipping factor and skip mask."
-    def __init__(self, params: dict[str, torch.Tensor],  # name -> stacked parameter (N, ...), leaf tensors
-                 lr: float, weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+    def __init__(self, params: dict[str, torch.Tensor],      # name -> stacked parameter (N, ...), leaf tensors
+                 lr: float,                                  # the configured learning rate (each `step` is given its own)
+                 weight_decay: float = 0.0,                  # AdamW's decoupled weight decay
+                 betas: tuple[float, float] = (0.9, 0.999),  # decay rates of the first and second moments
+                 eps: float = 1e-8):                         # added to the root of the second moment
         self.params, self.lr, self.weight_decay, self.betas, self.eps = params, lr, weight_decay, betas, eps
         self.n_runs = next(iter(params.values())).shape[0]
         self.state: dict[str, dict[str, torch.Tensor]] = {}  # name -> step (N,), exp_avg, exp_avg_sq; made at a parameter's first gradient
@@ -123,24 +129,32 @@ class GroupAdamW:
             self.state[name] = {"step": torch.zeros(self.n_runs, device=p.device), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
         return self.state[name]
 
-    def run_state_dict(self, run: int, model: nn.Module, lr: float) -> dict:
-        "Run `run`'s state as `torch.optim.AdamW(model.parameters()).state_dict()` (the format a run trained alone checkpoints)."
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=self.weight_decay, betas=self.betas, eps=self.eps)
-        for name, p in model.named_parameters():
-            if name in self.state:
-                st = self.state[name]
-                opt.state[p] = {"step": torch.tensor(float(st["step"][run])), "exp_avg": st["exp_avg"][run].detach().clone(),
-                                "exp_avg_sq": st["exp_avg_sq"][run].detach().clone()}
-        return opt.state_dict()
+# %% ../nbs/10c_groups.ipynb #7a87f482
+@patch
+def run_state_dict(self: GroupAdamW, run: int,  # the run's index in the group
+                   model: nn.Module,            # the run's own CVAE: its parameters named as the group's
+                   lr: float,                   # the learning rate the state dict records
+                  ) -> dict:                    # `torch.optim.AdamW(model.parameters()).state_dict()` of the run
+    "Run `run`'s state as `torch.optim.AdamW(model.parameters()).state_dict()` (the format a run trained alone checkpoints)."
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=self.weight_decay, betas=self.betas, eps=self.eps)
+    for name, p in model.named_parameters():
+        if name in self.state:
+            st = self.state[name]
+            opt.state[p] = {"step": torch.tensor(float(st["step"][run])), "exp_avg": st["exp_avg"][run].detach().clone(),
+                            "exp_avg_sq": st["exp_avg_sq"][run].detach().clone()}
+    return opt.state_dict()
 
-    def load_run_state_dict(self, run: int, state: dict):
-        "Load run `run`'s state from a `torch.optim.AdamW` state dict over the same model's parameters."
-        names = list(self.params)
-        for j, st in state["state"].items():
-            mine = self._state(names[int(j)])
-            mine["step"][run] = float(st["step"])
-            mine["exp_avg"][run] = st["exp_avg"]
-            mine["exp_avg_sq"][run] = st["exp_avg_sq"]
+# %% ../nbs/10c_groups.ipynb #1abbc8b6
+@patch
+def load_run_state_dict(self: GroupAdamW, run: int,  # the run's index in the group
+                        state: dict):                # a `torch.optim.AdamW` state dict over the run's model's parameters
+    "Load run `run`'s state from a `torch.optim.AdamW` state dict over the same model's parameters."
+    names = list(self.params)
+    for j, st in state["state"].items():
+        mine = self._state(names[int(j)])
+        mine["step"][run] = float(st["step"])
+        mine["exp_avg"][run] = st["exp_avg"]
+        mine["exp_avg_sq"][run] = st["exp_avg_sq"]
 
 # %% ../nbs/10c_groups.ipynb #bfdb7151
 GROUP_PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -161,21 +175,33 @@ def compute_copy(params: dict[str, torch.Tensor],  # float32 master parameters (
 class FoldedAttention(torch.autograd.Function):
     "`causal_attention` that `vmap` calls once for every run: the run dimension folded into the batch (Equation G2)."
     @staticmethod
-    def forward(q, k, v, attn_mask): return causal_attention(q, k, v, attn_mask)
+    def forward(q,          # (B, H, L, d_head) queries
+                k,          # (B, H, L, d_head) keys
+                v,          # (B, H, L, d_head) values
+                attn_mask,  # (B, 1, L, L) bool, True where a query may attend a key; None: causal
+               ): return causal_attention(q, k, v, attn_mask)
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def setup_context(ctx,     # autograd's context: keeps what the backward needs
+                      inputs,  # the forward's (q, k, v, attn_mask)
+                      output): # the forward's value (not needed: the backward recomputes it)
         ctx.save_for_backward(*inputs[:3]); ctx.attn_mask = inputs[3]
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx,   # holds q, k, v and the mask
+                 grad): # (B, H, L, d_head) gradient of the attention's output
         # reached only outside vmap (a direct call, or a compiled graph that traces the forward): recompute and differentiate
         q, k, v = (t.detach().requires_grad_() for t in ctx.saved_tensors)
         with torch.enable_grad(): out = causal_attention(q, k, v, ctx.attn_mask)
         return (*torch.autograd.grad(out, (q, k, v), grad), None)
 
     @staticmethod
-    def vmap(info, in_dims, q, k, v, attn_mask):
+    def vmap(info,        # vmap's call information: `batch_size` is the number of runs N
+             in_dims,     # each argument's run dimension (None: shared by every run)
+             q,           # queries, (B, H, L, d_head) per run
+             k,           # keys, likewise
+             v,           # values, likewise
+             attn_mask):  # (B, 1, L, L) bool per run or shared, or None: causal
         # the unbatched tensors, each with its run dimension first, folded into the batch: one kernel call for N runs;
         # what this calls is recorded by autograd as it is, so the backward is the kernel's own
         n = info.batch_size
@@ -186,7 +212,10 @@ class FoldedAttention(torch.autograd.Function):
         out = causal_attention(*(fold(t, d) for t, d in zip((q, k, v, attn_mask), in_dims)))
         return out.view(n, -1, *out.shape[1:]), 0
 
-def folded_attention(q, k, v, attn_mask=None):
+def folded_attention(q,                # (B, H, L, d_head) queries (one run's, under vmap)
+                     k,                # (B, H, L, d_head) keys
+                     v,                # (B, H, L, d_head) values
+                     attn_mask=None):  # (B, 1, L, L) bool, True where a query may attend a key; None: causal
     "`Block.attention` inside a group: as `causal_attention` on each run, in one call for all of them under `vmap`."
     return FoldedAttention.apply(q, k, v, attn_mask)
 
@@ -197,6 +226,7 @@ def folded_attention(q, k, v, attn_mask=None):
 ATTENTION_BACKENDS = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                       "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
+# %% ../nbs/10c_groups.ipynb #3ae3b708
 @contextlib.contextmanager
 def _tf32(enabled: bool):
     "float32 matrix products on TF32 tensor cores inside the block (the global setting is restored after it)."
@@ -206,8 +236,10 @@ def _tf32(enabled: bool):
     try: yield
     finally: torch.set_float32_matmul_precision(before)
 
+# %% ../nbs/10c_groups.ipynb #f4e1f8c6
 def _pad(t: torch.Tensor, width: int, value=0) -> torch.Tensor: return F.pad(t, (0, width - t.shape[-1]), value=value)
 
+# %% ../nbs/10c_groups.ipynb #7a832590
 class _SeedData:
     "The training split of the group's distinct seeds, stacked on the device: (S, n, L) ids and masks, (S, n) positions, with host copies of the lengths."
     def __init__(self, runs: list[Run]):
@@ -231,6 +263,7 @@ class _SeedData:
         self.host_suffix_len = self.host_gen_len - self.host_prefix_len
         self.caches = [r.train_cache for r in firsts.values()]
 
+# %% ../nbs/10c_groups.ipynb #1db7b740
 class RunGroup:
     "N prepared runs that share a `group_key`, trained together: stacked parameters, one vmapped step, `GroupAdamW`."
     def __init__(self, runs: list[Run],                     # prepared runs sharing a group_key, on one device
@@ -279,98 +312,6 @@ class RunGroup:
         if unknown: raise ValueError(f"attention backends must be among {', '.join(ATTENTION_BACKENDS)}, got {unknown[0]!r}")
         self.attention = [ATTENTION_BACKENDS[a] for a in attention]
 
-    def _run_loss(self, params, buffers, rows, W, M, beta, free_bits, eps, widths):
-        "One run's loss and logged values (called under vmap: every argument but `widths` is this run's slice)."
-        T, P, C = widths
-        rows = Rows(Batch(rows["base_ids"], rows["base_mask"], rows["base_start"], rows["response_len"], rows["latent_position"], T),
-                    Batch(rows["gen_ids"], rows["gen_mask"], rows["gen_start"], rows["response_len"], rows["latent_position"], T), P, C)
-        out = functional_call(self.template, (params, buffers), (rows,), {"eps": eps} if self.continuous else {})
-        if self.exact: out = exact_posterior(out, W, beta)
-        nll = out.nll.float()
-        terms = (M * nll[:, None, :]).sum(-1).mean(0)            # every R_k: (1/B) sum_b sum_t M_bt l_bt
-        recon = (W * nll).sum(-1).mean()
-        kl = out.kl.mean()
-        # the free-bits floor, as free_bits_kl: on the batch KL, or on each latent dimension's
-        floored = torch.maximum(out.kl_per_dim.mean(0), free_bits).sum() if self.dimension_free_bits else torch.maximum(kl, free_bits)
-        loss = recon + beta * floored
-        extra = []
-        if self.distill:
-            extra = [out.distill.mean()]
-            loss = loss + extra[0]
-        finite = torch.stack([torch.isfinite(torch.where(out.mask, nll, 0.0)).all(), torch.isfinite(out.kl).all()]).float()
-        return loss, torch.cat([finite, terms, torch.stack([kl, recon, loss, *extra])])
-
-    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
-        if self.device.type != "cuda": return t
-        return t.pin_memory().to(self.device, non_blocking=True)
-
-    def _noise(self, step: int) -> torch.Tensor:
-        "(N, B, S, D) standard-normal draws of a continuous latent, each run's from the generator its step seeds alone; (N,) zeros for a discrete one."
-        if not self.continuous: return torch.zeros(self.n, device=self.device)
-        c = self.runs[0].config.cvae
-        return self._to_device(torch.stack([torch.randn(self.batch_size, c.n_samples, c.latent_dim,
-                                                        generator=torch.Generator().manual_seed(r.config.seed * 1_000_003 + step))
-                                            for r in self.runs]))
-
-    def _indices(self, step: int) -> torch.Tensor:
-        "(N, B) host indices of every run's minibatch `step` (as `batch_indices`, with each epoch's permutation drawn once)."
-        n, B = self.data.host_base_len.shape[1], self.batch_size
-        epoch, k = divmod(step, max(n // B, 1))
-        if self._perms.get("epoch") != epoch:  # one permutation per distinct seed and epoch, drawn when the epoch starts
-            self._perms = {"epoch": epoch, **{seed: epoch_permutation(n, seed, epoch) for seed in self.data.seeds}}
-        return torch.stack([self._perms[r.config.seed][k * B:(k + 1) * B] for r in self.runs])
-
-    def step(self, step: int) -> list[dict]:
-        "One optimizer step of every run; the log record of each (as `train_step` writes it)."
-        t0, d = time.perf_counter(), self.data
-        idx = self._indices(step)
-        s_host = self._host_seed
-        T = int(d.host_response_len[s_host, idx].max())
-        Lb, Lg = int(d.host_base_len[s_host, idx].max()), int(d.host_gen_len[s_host, idx].max())
-        P, C = int(d.host_prefix_len[s_host, idx].max()), int(d.host_suffix_len[s_host, idx].max())
-        if self.compiled:
-            T, Lb, Lg = (int(x.max()) for x in (d.host_response_len, d.host_base_len, d.host_gen_len))
-            P, C = int(d.host_prefix_len.max()), int(d.host_suffix_len.max())
-        betas = [r.kl_weight(step) for r in self.runs]
-        lr = self.tc.lr_at(step)
-        # host -> device through pinned memory: asynchronous, so the step's one sync stays the read at its end
-        at, beta = (self._to_device(t) for t in (idx, torch.tensor(betas)))
-        s, run = self.seed_index[:, None], self._run_index
-        rows = {"base_ids": d.base_ids[s, at, :Lb], "base_mask": d.base_mask[s, at, :Lb], "base_start": d.base_start[s, at],
-                "gen_ids": d.gen_ids[s, at, :Lg], "gen_mask": d.gen_mask[s, at, :Lg], "gen_start": d.gen_start[s, at],
-                "response_len": d.response_len[s, at], "latent_position": d.latent_position[s, at]}
-        W, M, stats = self.loss_table[run, at, :T], self.term_table[run, at, :, :T], self.stats_table[run, at]
-        # autocast does not reach inside vmap, so the step computes with an explicit copy of the masters in its dtype (G1);
-        # a float32 group on CUDA takes its matrix products on TF32 tensor cores, forward and backward alike
-        with trusted_values(), _tf32(self.device.type == "cuda" and self.dtype == torch.float32):
-            with sdpa_kernel(self.attention):
-                losses, values = self._forward(compute_copy(self.params, self.dtype), self.buffers, rows, W, M, beta, self.free_bits,
-                                               self._noise(step), (T, P, C))
-            self.opt.zero_grad()
-            losses.sum().backward()
-        grads = [p.grad.flatten(1) for p in self.params.values() if p.grad is not None]
-        norms = torch.stack([g.float().norm(dim=1) for g in grads], 1).norm(dim=1)   # each run's own gradient norm
-        scale = (self.tc.grad_clip / (norms + 1e-6)).clamp(max=1.0)                      # as clip_grad_norm_
-        ok = (values[:, 0] > 0) & (values[:, 1] > 0) & torch.isfinite(values[:, -1 - self.distill]) & torch.isfinite(norms)
-        self.opt.step(lr, ok & self.alive, scale)
-        batch_stats = torch.stack([stats[..., 0].mean(1), stats[..., 1].mean(1), stats[..., 1].amax(1), stats[..., 2].mean(1)], 1)
-        host = torch.cat([values.detach().float(), norms[:, None], batch_stats], 1).tolist()  # the step's one host read
-        elapsed = time.perf_counter() - t0
-        names = [*TERM_NAMES, "kl", "recon", "loss", *(["distill"] if self.distill else [])]
-        records = []
-        for n, (row, beta) in enumerate(zip(host, betas)):
-            head = {"step": step + 1, "split": "train", "beta": beta, "lr": lr}
-            vals = dict(zip(names, row[2:2 + len(names)]))
-            grad_norm, stat = row[2 + len(names)], row[3 + len(names):]
-            failed = next((term for term, good in (("nll", row[0]), ("kl", row[1]), ("loss", math.isfinite(vals["loss"])),
-                                                   ("grad_norm", math.isfinite(grad_norm))) if not good), None)
-            if failed: records.append({**head, "skipped": failed}); continue
-            vals = {**{k: vals[k] for k in TERM_NAMES}, **dict(zip(("base_mean", "kappa_mean", "kappa_max", "inverse_kappa_mean"), stat)),
-                    **{k: v for k, v in vals.items() if k not in TERM_NAMES}}
-            records.append({**head, "grad_norm": grad_norm, **vals, "examples_per_s": self.batch_size / elapsed, "group_size": self.n,
-                            "precision": self.precision})
-        return records
-
     # the stepper interface of `fit` (notebook 10)
     @torch.no_grad()
     def sync(self):
@@ -378,22 +319,134 @@ class RunGroup:
         for n, r in enumerate(self.runs):
             for name, p in r.model.named_parameters(): p.copy_(self.params[name][n])
 
-    def optimizer_state(self, n: int, step: int) -> list[dict]:
-        "Run `n`'s optimizer state after `step`, as its one `torch.optim.AdamW`'s `state_dict()` writes it (what its checkpoint saves)."
-        return [self.opt.run_state_dict(n, self.runs[n].model, self.tc.lr_at(step))]
+# %% ../nbs/10c_groups.ipynb #a89f5237
+@patch
+def _run_loss(self: RunGroup, params, buffers, rows, W, M, beta, free_bits, eps, widths):
+    "One run's loss and logged values (called under vmap: every argument but `widths` is this run's slice)."
+    T, P, C = widths
+    rows = Rows(Batch(rows["base_ids"], rows["base_mask"], rows["base_start"], rows["response_len"], rows["latent_position"], T),
+                Batch(rows["gen_ids"], rows["gen_mask"], rows["gen_start"], rows["response_len"], rows["latent_position"], T), P, C)
+    out = functional_call(self.template, (params, buffers), (rows,), {"eps": eps} if self.continuous else {})
+    if self.exact: out = exact_posterior(out, W, beta)
+    nll = out.nll.float()
+    terms = (M * nll[:, None, :]).sum(-1).mean(0)            # every R_k: (1/B) sum_b sum_t M_bt l_bt
+    recon = (W * nll).sum(-1).mean()
+    kl = out.kl.mean()
+    # the free-bits floor, as free_bits_kl: on the batch KL, or on each latent dimension's
+    floored = torch.maximum(out.kl_per_dim.mean(0), free_bits).sum() if self.dimension_free_bits else torch.maximum(kl, free_bits)
+    loss = recon + beta * floored
+    extra = []
+    if self.distill:
+        extra = [out.distill.mean()]
+        loss = loss + extra[0]
+    finite = torch.stack([torch.isfinite(torch.where(out.mask, nll, 0.0)).all(), torch.isfinite(out.kl).all()]).float()
+    return loss, torch.cat([finite, terms, torch.stack([kl, recon, loss, *extra])])
 
-    def load_optimizer_state(self, n: int, state: list[dict]):
-        "Run `n`'s `torch.optim.AdamW` state, from its checkpoint."
-        (adamw,) = state
-        self.opt.load_run_state_dict(n, adamw)
+# %% ../nbs/10c_groups.ipynb #b79065e3
+@patch
+def _to_device(self: RunGroup, t: torch.Tensor) -> torch.Tensor:
+    if self.device.type != "cuda": return t
+    return t.pin_memory().to(self.device, non_blocking=True)
 
-    def stop(self, n: int):
-        "Run `n` leaves the group (non-finite steps): its parameters and moments stay as they were."
-        self.alive[n] = False
+# %% ../nbs/10c_groups.ipynb #1610269f
+@patch
+def _noise(self: RunGroup, step: int) -> torch.Tensor:
+    "(N, B, S, D) standard-normal draws of a continuous latent, each run's from the generator its step seeds alone; (N,) zeros for a discrete one."
+    if not self.continuous: return torch.zeros(self.n, device=self.device)
+    c = self.runs[0].config.cvae
+    return self._to_device(torch.stack([torch.randn(self.batch_size, c.n_samples, c.latent_dim,
+                                                    generator=torch.Generator().manual_seed(r.config.seed * 1_000_003 + step))
+                                        for r in self.runs]))
+
+# %% ../nbs/10c_groups.ipynb #9e7c48a7
+@patch
+def _indices(self: RunGroup, step: int) -> torch.Tensor:
+    "(N, B) host indices of every run's minibatch `step` (as `batch_indices`, with each epoch's permutation drawn once)."
+    n, B = self.data.host_base_len.shape[1], self.batch_size
+    epoch, k = divmod(step, max(n // B, 1))
+    if self._perms.get("epoch") != epoch:  # one permutation per distinct seed and epoch, drawn when the epoch starts
+        self._perms = {"epoch": epoch, **{seed: epoch_permutation(n, seed, epoch) for seed in self.data.seeds}}
+    return torch.stack([self._perms[r.config.seed][k * B:(k + 1) * B] for r in self.runs])
+
+# %% ../nbs/10c_groups.ipynb #a8ae4ba9
+@patch
+def step(self: RunGroup, step: int,  # the step's index, from 0 (its records say step + 1)
+        ) -> list[dict]:             # one log record per run, in run order
+    "One optimizer step of every run; the log record of each (as `train_step` writes it)."
+    t0, d = time.perf_counter(), self.data
+    idx = self._indices(step)
+    s_host = self._host_seed
+    T = int(d.host_response_len[s_host, idx].max())
+    Lb, Lg = int(d.host_base_len[s_host, idx].max()), int(d.host_gen_len[s_host, idx].max())
+    P, C = int(d.host_prefix_len[s_host, idx].max()), int(d.host_suffix_len[s_host, idx].max())
+    if self.compiled:
+        T, Lb, Lg = (int(x.max()) for x in (d.host_response_len, d.host_base_len, d.host_gen_len))
+        P, C = int(d.host_prefix_len.max()), int(d.host_suffix_len.max())
+    betas = [r.kl_weight(step) for r in self.runs]
+    lr = self.tc.lr_at(step)
+    # host -> device through pinned memory: asynchronous, so the step's one sync stays the read at its end
+    at, beta = (self._to_device(t) for t in (idx, torch.tensor(betas)))
+    s, run = self.seed_index[:, None], self._run_index
+    rows = {"base_ids": d.base_ids[s, at, :Lb], "base_mask": d.base_mask[s, at, :Lb], "base_start": d.base_start[s, at],
+            "gen_ids": d.gen_ids[s, at, :Lg], "gen_mask": d.gen_mask[s, at, :Lg], "gen_start": d.gen_start[s, at],
+            "response_len": d.response_len[s, at], "latent_position": d.latent_position[s, at]}
+    W, M, stats = self.loss_table[run, at, :T], self.term_table[run, at, :, :T], self.stats_table[run, at]
+    # autocast does not reach inside vmap, so the step computes with an explicit copy of the masters in its dtype (G1);
+    # a float32 group on CUDA takes its matrix products on TF32 tensor cores, forward and backward alike
+    with trusted_values(), _tf32(self.device.type == "cuda" and self.dtype == torch.float32):
+        with sdpa_kernel(self.attention):
+            losses, values = self._forward(compute_copy(self.params, self.dtype), self.buffers, rows, W, M, beta, self.free_bits,
+                                           self._noise(step), (T, P, C))
+        self.opt.zero_grad()
+        losses.sum().backward()
+    grads = [p.grad.flatten(1) for p in self.params.values() if p.grad is not None]
+    norms = torch.stack([g.float().norm(dim=1) for g in grads], 1).norm(dim=1)   # each run's own gradient norm
+    scale = (self.tc.grad_clip / (norms + 1e-6)).clamp(max=1.0)                      # as clip_grad_norm_
+    ok = (values[:, 0] > 0) & (values[:, 1] > 0) & torch.isfinite(values[:, -1 - self.distill]) & torch.isfinite(norms)
+    self.opt.step(lr, ok & self.alive, scale)
+    batch_stats = torch.stack([stats[..., 0].mean(1), stats[..., 1].mean(1), stats[..., 1].amax(1), stats[..., 2].mean(1)], 1)
+    host = torch.cat([values.detach().float(), norms[:, None], batch_stats], 1).tolist()  # the step's one host read
+    elapsed = time.perf_counter() - t0
+    names = [*TERM_NAMES, "kl", "recon", "loss", *(["distill"] if self.distill else [])]
+    records = []
+    for n, (row, beta) in enumerate(zip(host, betas)):
+        head = {"step": step + 1, "split": "train", "beta": beta, "lr": lr}
+        vals = dict(zip(names, row[2:2 + len(names)]))
+        grad_norm, stat = row[2 + len(names)], row[3 + len(names):]
+        failed = next((term for term, good in (("nll", row[0]), ("kl", row[1]), ("loss", math.isfinite(vals["loss"])),
+                                               ("grad_norm", math.isfinite(grad_norm))) if not good), None)
+        if failed: records.append({**head, "skipped": failed}); continue
+        vals = {**{k: vals[k] for k in TERM_NAMES}, **dict(zip(("base_mean", "kappa_mean", "kappa_max", "inverse_kappa_mean"), stat)),
+                **{k: v for k, v in vals.items() if k not in TERM_NAMES}}
+        records.append({**head, "grad_norm": grad_norm, **vals, "examples_per_s": self.batch_size / elapsed, "group_size": self.n,
+                        "precision": self.precision})
+    return records
+
+# %% ../nbs/10c_groups.ipynb #4889f281
+@patch
+def optimizer_state(self: RunGroup, n: int,  # the run's index in the group
+                    step: int,               # the step count the state is saved at (sets the learning rate it records)
+                   ) -> list[dict]:          # the run's one `torch.optim.AdamW` state dict, in a list
+    "Run `n`'s optimizer state after `step`, as its one `torch.optim.AdamW`'s `state_dict()` writes it (what its checkpoint saves)."
+    return [self.opt.run_state_dict(n, self.runs[n].model, self.tc.lr_at(step))]
+
+# %% ../nbs/10c_groups.ipynb #66b7d7a9
+@patch
+def load_optimizer_state(self: RunGroup, n: int,  # the run's index in the group
+                         state: list[dict]):      # its checkpoint's optimizer states: one `torch.optim.AdamW` state dict
+    "Run `n`'s `torch.optim.AdamW` state, from its checkpoint."
+    (adamw,) = state
+    self.opt.load_run_state_dict(n, adamw)
+
+# %% ../nbs/10c_groups.ipynb #5c4a292e
+@patch
+def stop(self: RunGroup, n: int):  # the run's index in the group
+    "Run `n` leaves the group (non-finite steps): its parameters and moments stay as they were."
+    self.alive[n] = False
 
 # %% ../nbs/10c_groups.ipynb #eaeef9b5
 def train_group(runs: list[Run],                # prepared runs sharing a group_key
-                progress: bool = False,
+                progress: bool = False,         # show progress bars
                 stop_after: int | None = None,  # stop after this many steps (as if interrupted)
                 compile: bool | str = False,    # compile the vmapped step: True, or torch.compile's mode
                 precision: str | None = None,   # GROUP_PRECISIONS key of the step (None: bf16 on CUDA, else float32)
