@@ -61,7 +61,11 @@ class ClusterConfig:
 # %% ../nbs/11a_cluster.ipynb #e522e8bd
 class PackJob:
     "One job of a sweep's array: the cells of one pack, each resumed from its checkpoint. submitit calls `checkpoint` on preemption or timeout and requeues the job it returns."
-    def __init__(self, out: Path, preset: Preset, specs: list[RunSpec], device: str = "auto", compile: bool = False):
+    def __init__(self, out: Path,             # the sweep's output directory
+                 preset: Preset,              # the sweep's preset (its base gate)
+                 specs: list[RunSpec],        # the pack's cells
+                 device: str = "auto",        # 'auto', 'cpu' or 'cuda', resolved where the job runs
+                 compile: bool = False):      # compile each group's step with torch.compile
         self.out, self.preset, self.specs, self.device, self.compile = Path(out), preset, list(specs), device, compile
 
     @property
@@ -78,7 +82,8 @@ class PackJob:
         finally: torch.set_num_threads(threads)
         return self.keys
 
-    def checkpoint(self, *args, **kwargs):
+    def checkpoint(self, *args,   # the job's positional call arguments, as submitit passes them (unused)
+                   **kwargs):     # its keyword call arguments (unused)
         "The same job again: its cells resume from their checkpoints, so nothing but the steps since the last one is repeated."
         import submitit
         return submitit.helpers.DelayedSubmission(PackJob(self.out, self.preset, self.specs, self.device, self.compile))
@@ -89,7 +94,8 @@ def _tuples(x):
     if isinstance(x, dict): return {k: (ModelConfig(**v) if k == "model" and isinstance(v, dict) else _tuples(v)) for k, v in x.items()}
     return x
 
-def preset_from_record(out: Path) -> Preset:
+def preset_from_record(out: Path,  # a sweep directory, holding its preset.json
+                      ) -> Preset:  # the preset, equal to the one recorded
     "The preset a sweep directory was made with, rebuilt from its `preset.json`."
     path = Path(out) / "preset.json"
     if not path.is_file(): raise FileNotFoundError(f"{path} not found: {out} is not a sweep directory (basedirected-repro writes preset.json first)")
@@ -99,7 +105,9 @@ def preset_from_record(out: Path) -> Preset:
     return preset
 
 # %% ../nbs/11a_cluster.ipynb #9d023fbd
-def collect(out: Path, preset: Preset | None = None) -> tuple[list[dict], list[str]]:
+def collect(out: Path,                    # the sweep's output directory
+            preset: Preset | None = None,  # its preset (None: read from OUT/preset.json)
+           ) -> tuple[list[dict], list[str]]:  # the finished cells' metrics records, the missing cells' keys
     "The metrics of every finished cell of the sweep in `out` (in plan order) and the keys of the cells that are missing."
     preset = preset or preset_from_record(out)
     records, missing = [], []
@@ -112,7 +120,8 @@ def collect(out: Path, preset: Preset | None = None) -> tuple[list[dict], list[s
 class ClusterError(RuntimeError):
     "A sweep cannot be submitted as configured (the message names the option and what to change)."
 
-def resolve_cluster(cfg: ClusterConfig) -> str:
+def resolve_cluster(cfg: ClusterConfig,  # the sweep's executor options (`--executor submitit`)
+                   ) -> str:             # 'slurm' or 'local'
     "The cluster the jobs go to ('slurm' or 'local'), after the checks that need this machine: submitit installed, Slurm's commands present, GPUs for local GPU jobs."
     try: import submitit  # noqa: F401
     except ImportError: raise ClusterError('--executor submitit needs submitit: pip install -e ".[cluster]"') from None
@@ -125,7 +134,10 @@ def resolve_cluster(cfg: ClusterConfig) -> str:
     return cluster
 
 # %% ../nbs/11a_cluster.ipynb #248af779
-def job_resources(cfg: ClusterConfig, preset: Preset, cluster: str) -> dict:
+def job_resources(cfg: ClusterConfig,  # the sweep's executor options
+                  preset: Preset,     # the sweep (its name, and its torch threads for the default cores)
+                  cluster: str,       # 'slurm' or 'local', as `resolve_cluster` gives it
+                 ) -> dict:           # keyword arguments of submitit's `update_parameters`
     "submitit's parameters for every job of the sweep."
     cpus = cfg.cpus_per_job or (8 if cfg.gpus_per_job else max(preset.threads, 1))
     params = {"timeout_min": cfg.timeout_min, "gpus_per_node": cfg.gpus_per_job, "cpus_per_task": cpus, "tasks_per_node": 1, "nodes": 1,
@@ -136,7 +148,10 @@ def job_resources(cfg: ClusterConfig, preset: Preset, cluster: str) -> dict:
         if cfg.slurm_partition: params["slurm_partition"] = cfg.slurm_partition
     return params
 
-def make_executor(cfg: ClusterConfig, out: Path, preset: Preset, cluster: str):
+def make_executor(cfg: ClusterConfig,  # the sweep's executor options
+                  out: Path,          # the sweep's output directory (the default home of the job files, OUT/jobs)
+                  preset: Preset,     # the sweep
+                  cluster: str):      # 'slurm' or 'local', as `resolve_cluster` gives it
     "A submitit executor for the sweep in `out`, its job files and logs in `--jobs-folder` (default OUT/jobs)."
     import submitit
     ex = submitit.AutoExecutor(folder=Path(cfg.jobs_folder or Path(out) / "jobs") / "%j", cluster=cluster)
@@ -144,13 +159,18 @@ def make_executor(cfg: ClusterConfig, out: Path, preset: Preset, cluster: str):
     return ex
 
 # %% ../nbs/11a_cluster.ipynb #7ff4046e
-def unfinished_packs(out: Path, specs: list[RunSpec], group_size: int = 1) -> list[list[RunSpec]]:
+def unfinished_packs(out: Path,             # the sweep's output directory
+                     specs: list[RunSpec],  # the sweep's cells, in plan order
+                     group_size: int = 1,   # most cells in a pack
+                    ) -> list[list[RunSpec]]:  # the packs, one job each
     "The cells of `specs` not yet finished, in packs of up to `group_size` that can train as one group (`pack_groups`): one job each."
     todo = [s for s in specs if not finished(out, s)]
     return [[todo[i] for i in p] for p in pack_groups([s.config for s in todo], group_size)] if todo else []
 
 # %% ../nbs/11a_cluster.ipynb #1f8fa405
-def record_jobs(out: Path, jobs: list[tuple[object, list[RunSpec]]]) -> None:
+def record_jobs(out: Path,                                # the sweep's output directory
+                jobs: list[tuple[object, list[RunSpec]]],  # (submitit job, its pack) pairs
+               ) -> None:
     "Add each job's id and logs, by cell key, to `OUT/jobs.json` (so `--collect` can say where a missing cell's log is)."
     path = Path(out) / "jobs.json"
     known = read_json(path) if path.is_file() else {}
@@ -158,7 +178,8 @@ def record_jobs(out: Path, jobs: list[tuple[object, list[RunSpec]]]) -> None:
         known.update({s.key: {"job_id": str(job.job_id), "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr)} for s in pack})
     atomic_write_json(path, known)
 
-def job_failure(job) -> str:
+def job_failure(job,     # a finished submitit job
+               ) -> str:  # the last line of its error, at most 400 characters; '' if it succeeded
     "The last line of a finished job's error ('' if it succeeded)."
     try: exc = job.exception()
     except Exception as e: exc = e  # killed before it wrote a result: submitit raises instead of returning
@@ -201,8 +222,15 @@ def watch_jobs(live: list,             # (job, pack) pairs already submitted
     return failed
 
 # %% ../nbs/11a_cluster.ipynb #301f197e
-def submit_sweep(out: Path, preset: Preset, cfg: ClusterConfig, device: str = "auto", force: bool = False, group_size: int = 1,
-                 compile: bool = False, progress: bool = True) -> dict:
+def submit_sweep(out: Path,              # the sweep's output directory (made if absent)
+                 preset: Preset,         # the grid of cells
+                 cfg: ClusterConfig,     # `--executor submitit` and the cluster's options
+                 device: str = "auto",   # each job's device: 'auto', 'cpu' or 'cuda'
+                 force: bool = False,    # clear the finished cells first and run them again
+                 group_size: int = 1,    # most cells in a job, trained as one group
+                 compile: bool = False,  # compile each group's step with torch.compile
+                 progress: bool = True,  # a bar of the jobs while waiting
+                ) -> dict:               # cluster, jobs submitted, failures, cells missing
     "Submit the unfinished cells of `preset` as jobs, one per pack of up to `group_size` cells, and wait for them unless `cfg.no_wait`; returns the cluster, the jobs submitted and failed, and the cells missing."
     cluster = resolve_cluster(cfg)
     out = Path(out).resolve(); out.mkdir(parents=True, exist_ok=True)
