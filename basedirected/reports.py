@@ -42,11 +42,13 @@ TABLE_METRICS = ("tau", "beta_effective", "beta_star", "rate", "rate_at_1_3", "r
                  "I_zs_given_x_norm", *_ALIGNMENTS, "gen_coverage_mean", "gate_valid_rate", "gate_answer_only_accuracy")
 GROUP_BY = ("regime", "latent", "posterior", "K", "objective", "alpha", "gamma", "tau_target", "beta_target", "grad_clip")  # a row per group: seeds averaged
 
+# %% ../nbs/12_reports.ipynb #d2f1b3a6
 def _clip_tag(r: dict) -> str:
     "' clip 1e+06' for a run whose gradient clipping is not the default (records from before clipping was a cell's coordinate have none)."
     g = r.get("grad_clip")
     return "" if g is None or g == TrainConfig().grad_clip else f" clip {g:g}"
 
+# %% ../nbs/12_reports.ipynb #08b9cce3
 def _scalar_columns(records):
     cols = []
     for r in records:
@@ -54,11 +56,13 @@ def _scalar_columns(records):
             if k not in cols and isinstance(v, (int, float, str)) and not isinstance(v, bool): cols.append(k)
     return cols
 
+# %% ../nbs/12_reports.ipynb #905b0322
 def _group(r: dict) -> tuple:
     "A record's group key: a cell's KL weight is its tau target or its beta target (records from before tau cells read beta as their target)."
     r = {**r, "beta_target": r.get("beta_target", r.get("beta")) if r.get("tau_target") is None else None}
     return tuple(r.get(k) for k in GROUP_BY)
 
+# %% ../nbs/12_reports.ipynb #85a5d3f6
 def aggregate(records: list[dict],  # one metrics record per run
              ) -> list[dict]:        # one row per group of GROUP_BY
     "Mean, standard error and per-seed values (min, median, max, and all in seed order) over seeds per (regime, latent, posterior, K, objective, alpha, gamma, beta)."
@@ -81,6 +85,7 @@ def aggregate(records: list[dict],  # one metrics record per run
         rows.append(row)
     return rows
 
+# %% ../nbs/12_reports.ipynb #6c73a9a8
 DEFAULT_COLUMNS = ("tau", "beta_effective", "rate", "I_zs_given_x_norm", "I_zs_norm", "alignment_posterior", "alignment_posterior_null", "gen_alignment_controlled_all",
                    "gen_alignment_controlled_all_null", "gen_purity_controlled_all", "gen_classified_share", "gen_answer_rate", "gain_z", "drift")
 TABLE_LEGEND = ("alignment_*: one-to-one code-strategy matching; purity_*: many-to-one (each code to its majority strategy); *_null: the chance "
@@ -90,7 +95,10 @@ TABLE_LEGEND = ("alignment_*: one-to-one code-strategy matching; purity_*: many-
                 "break-even β*) or β; tau and beta_effective: what the run trained at. Cells: mean ± standard error over seeds [min median max].")
 
 # %% ../nbs/12_reports.ipynb #1f67695b
-def markdown_table(rows: list[dict], metrics=DEFAULT_COLUMNS, legend: str = "") -> str:
+def markdown_table(rows: list[dict],         # `aggregate`'s rows
+                   metrics=DEFAULT_COLUMNS,  # the columns shown, each mean ± se [min median max] over seeds
+                   legend: str = "",         # text after the table (empty: none)
+                  ) -> str:                  # the Markdown table, then `legend`
     "Rows of `aggregate` as a Markdown table: `mean ± se [min median max]` over seeds; `legend` follows it."
     head = ["regime", "latent", "posterior", "K", "objective", "KL weight", "seeds", *metrics]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -111,7 +119,8 @@ def _csv_bytes(rows: list[dict], cols: list[str]) -> bytes:
     w = csv.DictWriter(buf, cols, extrasaction="ignore"); w.writeheader(); w.writerows(rows)
     return buf.getvalue().encode()
 
-def stats_markdown(rows: list[dict]) -> str:
+def stats_markdown(rows: list[dict],  # `paired_statistics`'s rows
+                  ) -> str:          # one Markdown table row each
     "`paired_statistics` as a Markdown table: mean difference [95 % interval], p and Holm-adjusted p, seeds."
     lines = ["| task | cell | posterior | comparison | metric | seeds | mean difference [95 % CI] | p | p (Holm, across tasks) |", "|" + "---|" * 9]
     f = lambda v: "—" if not (isinstance(v, float) and math.isfinite(v)) else f"{v:.3g}"
@@ -120,7 +129,9 @@ def stats_markdown(rows: list[dict]) -> str:
                      f"{r['mean']:+.3f} [{r['ci_lo']:+.3f}, {r['ci_hi']:+.3f}] | {f(r['p'])} | {f(r.get('p_holm'))} |")
     return "\n".join(lines) + "\n"
 
-def write_results(out: Path, records: list[dict]) -> None:
+def write_results(out: Path,             # the sweep's output directory
+                  records: list[dict],   # one metrics record per run
+                 ) -> None:
     "results.csv (every run), table.csv and table.md (aggregated over seeds), stats.csv/.md (paired differences) and success.csv, each written atomically."
     out = Path(out)
     atomic_write_bytes(out / "results.csv", _csv_bytes(records, _scalar_columns(records)))
@@ -137,7 +148,8 @@ def write_results(out: Path, records: list[dict]) -> None:
 PAIRED_METRICS = ("gen_alignment_controlled_all_excess", "I_zs_norm", "I_zs_given_x_norm", "gain_z", "drift", "gen_answer_rate")
 SUCCESS = {"gen_alignment_controlled_all": 0.9, "gen_answer_rate": 0.98}  # a seed succeeds when both figures reach these
 
-def holm(pvalues: list[float]) -> list[float]:
+def holm(pvalues: list[float],  # one family's p-values (NaN: no test)
+        ) -> list[float]:      # the adjusted p-values, in the same order
     "Holm's step-down adjustment of `pvalues` (NaN stays NaN and does not count as a test)."
     idx = sorted((i for i, p in enumerate(pvalues) if isinstance(p, float) and math.isfinite(p)), key=lambda i: pvalues[i])
     out, running, m = [float("nan")] * len(pvalues), 0.0, len(idx)
@@ -146,7 +158,8 @@ def holm(pvalues: list[float]) -> list[float]:
         out[i] = running
     return out
 
-def paired_difference(diffs: list[float]) -> dict:
+def paired_difference(diffs: list[float],  # the per-seed differences d_i
+                     ) -> dict:           # n, mean, ci_lo, ci_hi, p
     "Mean, 95 % t interval and two-sided p of paired differences (p NaN when they do not vary)."
     from scipy import stats
     n, mean = len(diffs), sum(diffs) / len(diffs) if diffs else float("nan")
@@ -163,7 +176,7 @@ def _cell(r: dict) -> str:
 
 def paired_statistics(records: list[dict],                 # one metrics record per run
                       baseline: str = "theta",             # the objective compared with every other
-                      metrics: tuple[str, ...] = PAIRED_METRICS,
+                      metrics: tuple[str, ...] = PAIRED_METRICS,  # the metrics compared
                      ) -> list[dict]:                      # a row per (task, cell, comparison, metric), Holm across tasks
     "Paired differences baseline − X per task, cell and metric, over the seeds that ran both (same base, data and CVAE seed)."
     by = {}
@@ -187,7 +200,8 @@ def paired_statistics(records: list[dict],                 # one metrics record 
         for i, p in zip(members, holm([rows[i]["p"] for i in members])): rows[i]["p_holm"] = p
     return rows
 
-def success_counts(records: list[dict]) -> list[dict]:
+def success_counts(records: list[dict],  # one metrics record per run
+                  ) -> list[dict]:      # a row per (task, cell, posterior, K, objective): success share, count and Wilson interval
     "Seeds per task, cell and objective whose controlled alignment (all generations) and answer rate reach `SUCCESS`, with Wilson intervals."
     from basedirected.tasks import rate_record
     by = {}
@@ -200,7 +214,8 @@ def success_counts(records: list[dict]) -> list[dict]:
 # %% ../nbs/12_reports.ipynb #be4d44e0
 CURVE_TERMS = tuple(t for t in TERM_NAMES if t not in ("topk", "mean1", "inv_tok"))  # the terms drawn in the training curves
 
-def run_dirs(out: Path) -> list[RunDir]:
+def run_dirs(out: Path,          # the sweep's output directory
+            ) -> list[RunDir]:  # its runs, sorted by key
     "The run directories of a sweep, by key (anything else under `runs/` is ignored)."
     d = Path(out) / "runs"
     return sorted((RunDir(p) for p in d.iterdir() if RunDir(p).is_run()), key=lambda rd: rd.path.name) if d.is_dir() else []
@@ -210,7 +225,8 @@ def _save(fig, out: Path, name: str):
     (Path(out) / "figures").mkdir(parents=True, exist_ok=True)
     for ext in ("png", "svg"): fig.savefig(Path(out) / "figures" / f"{name}.{ext}", dpi=130, bbox_inches="tight")
 
-def read_results(out: Path) -> list[dict]:
+def read_results(out: Path,        # the sweep's output directory
+                ) -> list[dict]:  # one row per run
     "The rows of `out/results.csv`, numbers as floats and empty cells as None (a tau cell has no beta target, a beta cell no tau target)."
     rows = list(csv.DictReader(open(Path(out) / "results.csv")))
     for r in rows:
@@ -244,7 +260,9 @@ def _seeds_and_mean(ax, by_beta: dict, x, y, color, label: str, **line):
     return ax.plot([mean(x, rs) for rs in by_beta.values()], [mean(y, rs) for rs in by_beta.values()], color=color, label=label, **line)
 
 # %% ../nbs/12_reports.ipynb #210803c5
-def figure_frontier(out: Path, regime: str = "early", latent: str = "discrete"):
+def figure_frontier(out: Path,                  # the sweep's output directory (the figure goes to OUT/figures)
+                    regime: str = "early",      # the task whose runs are drawn
+                    latent: str = "discrete"):  # 'discrete' or 'continuous'
     "Rate vs absolute information gain over β, and $I(z;s)/H(s)$ vs β, one colour per objective: every seed a point, the mean over seeds a line."
     import matplotlib.pyplot as plt
     rows = [r for r in read_results(out) if r["regime"] == regime and r["latent"] == latent]
@@ -265,7 +283,9 @@ def figure_frontier(out: Path, regime: str = "early", latent: str = "discrete"):
     return fig
 
 # %% ../nbs/12_reports.ipynb #9795d56b
-def figure_collapse(out: Path, regime: str = "early", latent: str = "discrete"):
+def figure_collapse(out: Path,                  # the sweep's output directory (the figure goes to OUT/figures)
+                    regime: str = "early",      # the task whose runs are drawn
+                    latent: str = "discrete"):  # 'discrete' or 'continuous'
     "What z carries against β and against τ = β/β*: $I(z;x,y)/\\log K$ and $I(z;s)/H(s)$, every seed a point, the mean over seeds a line, one colour per objective."
     import matplotlib.pyplot as plt
     rows = [r for r in read_results(out) if r["regime"] == regime and r["latent"] == latent and "I_zxy" in r]
@@ -286,7 +306,9 @@ def figure_collapse(out: Path, regime: str = "early", latent: str = "discrete"):
     return fig
 
 # %% ../nbs/12_reports.ipynb #93006dd7
-def figure_alignment(out: Path, regime: str = "early", latent: str = "discrete"):
+def figure_alignment(out: Path,                  # the sweep's output directory (the figure goes to OUT/figures)
+                     regime: str = "early",      # the task whose runs are drawn
+                     latent: str = "discrete"):  # the latent whose runs are drawn (alignments exist for 'discrete')
     "Posterior and controlled (all-generation) one-to-one alignment and purity against τ, every seed a point, with the null of the same counts dashed."
     import matplotlib.pyplot as plt
     rows = [r for r in read_results(out) if r["regime"] == regime and r["latent"] == latent and isinstance(r.get("alignment_posterior"), float)]
@@ -305,7 +327,9 @@ def figure_alignment(out: Path, regime: str = "early", latent: str = "discrete")
     return fig
 
 # %% ../nbs/12_reports.ipynb #297893ca
-def figure_escape(out: Path, regime: str = "early", seed: int = 0):
+def figure_escape(out: Path,              # the sweep's output directory (the figure goes to OUT/figures)
+                  regime: str = "early",  # the task whose runs are drawn
+                  seed: int = 0):         # the CVAE seed whose runs are drawn
     "Held-out rate over training, one panel per (posterior, objective), one line per cell (τ or β) of seed `seed`: how fast z leaves the inert start."
     import matplotlib.pyplot as plt
     runs = {}
@@ -325,7 +349,8 @@ def figure_escape(out: Path, regime: str = "early", seed: int = 0):
     fig.tight_layout(); _save(fig, out, f"escape-{regime}")
     return fig
 
-def figure_curves(out: Path, keys: list[str] | None = None):
+def figure_curves(out: Path,                      # the sweep's output directory (the figure goes to OUT/figures)
+                  keys: list[str] | None = None):  # run keys to draw, at most four (None: the first four runs)
     "Training curves of every reconstruction term and the KL, one panel per run."
     import matplotlib.pyplot as plt
     runs = run_dirs(out)
@@ -342,7 +367,8 @@ def figure_curves(out: Path, keys: list[str] | None = None):
     return fig
 
 # %% ../nbs/12_reports.ipynb #eaebc056
-def figure_gain_per_position(out: Path, regime: str = "early"):
+def figure_gain_per_position(out: Path,               # the sweep's output directory (the figure goes to OUT/figures)
+                             regime: str = "early"):  # the task whose runs are drawn
     "Mean information gain $b_t - \\ell_t$ per response position, per objective, at its cell of smallest τ (mean over seeds)."
     import matplotlib.pyplot as plt
     recs = [read_json(rd.metrics) for rd in run_dirs(out) if rd.metrics.exists()]
@@ -358,7 +384,12 @@ def figure_gain_per_position(out: Path, regime: str = "early"):
     return fig
 
 # %% ../nbs/12_reports.ipynb #a9df6e82
-def figure_weights(out: Path, regime: str = "early", seed: int = 0, alpha: float = 0.5, gamma: float = 1.0, n: int = 6):
+def figure_weights(out: Path,            # the sweep's output directory (the figure goes to OUT/figures)
+                   regime: str = "early",  # the task whose base and held-out data are used
+                   seed: int = 0,          # the seed whose base and held-out split are used
+                   alpha: float = 0.5,     # alpha in [0, 1] of the weights drawn: uniform (1) vs corrected (0)
+                   gamma: float = 1.0,     # gamma >= 0: their concentration exponent
+                   n: int = 6):            # held-out examples drawn, one row each
     "Heat map of base surprisal $b_t$ and the weights $\\widetilde w$, $w$, $a$ over the tokens of real held-out examples."
     import matplotlib.pyplot as plt
     candidates = [rd for rd in run_dirs(out) if read_json(rd.config)["config"]["seed"] == seed and rd.path.name.startswith(f"{regime}-")]
@@ -381,7 +412,9 @@ def figure_weights(out: Path, regime: str = "early", seed: int = 0, alpha: float
     return fig
 
 # %% ../nbs/12_reports.ipynb #44c026d9
-def figure_paired(out: Path, regime: str, metric: str = "gen_alignment_controlled_all_excess"):
+def figure_paired(out: Path,  # the sweep's output directory (the figure goes to OUT/figures)
+                  regime: str,  # the task whose runs are drawn
+                  metric: str = "gen_alignment_controlled_all_excess"):  # the per-seed figure compared
     "Every seed's `metric` under each objective, one panel per cell, a seed's runs joined by a line (discrete latent, exact posterior first)."
     import matplotlib.pyplot as plt
     rows = [r for r in read_results(out) if r["regime"] == regime and r.get("latent") == "discrete" and isinstance(r.get(metric), float)]
@@ -401,7 +434,8 @@ def figure_paired(out: Path, regime: str, metric: str = "gen_alignment_controlle
     return fig
 
 # %% ../nbs/12_reports.ipynb #894eb902
-def write_figures(out: Path) -> None:
+def write_figures(out: Path,  # the sweep's output directory (figures go to OUT/figures)
+                 ) -> None:
     "All figures of a finished sweep."
     import matplotlib
     matplotlib.use("Agg", force=False)
@@ -418,7 +452,8 @@ def write_figures(out: Path) -> None:
     plt.close(figure_weights(out, regime=rows[0]["regime"], seed=int(rows[0]["seed"])))
 
 # %% ../nbs/12_reports.ipynb #f60e7457
-def write_base_gates(out: Path) -> dict:
+def write_base_gates(out: Path,  # the sweep's output directory
+                    ) -> dict:  # each shared base's gate report, by directory name
     "`base_gates.json`: the quality gate of every shared base of the sweep (`bases/<task>-s<seed>/base_gate.json`), by directory name."
     d = Path(out) / "bases"
     gates = {p.name: read_json(p / "base_gate.json") for p in sorted(d.iterdir()) if (p / "base_gate.json").is_file()} if d.is_dir() else {}
@@ -426,19 +461,24 @@ def write_base_gates(out: Path) -> dict:
     return gates
 
 # %% ../nbs/12_reports.ipynb #cb3c6180
-def write_reports(out: Path, records: list[dict], summary: dict) -> None:
+def write_reports(out: Path,            # the sweep's output directory
+                  records: list[dict],  # the finished cells' metrics records
+                  summary: dict,        # what ran (preset, executor, wall time, missing cells): summary.json's fields
+                 ) -> None:
     "Tables, base gates and `summary.json` of a sweep's finished `records`, then its figures (last: a figure that fails loses nothing)."
     write_results(out, records)
     write_base_gates(out)
     atomic_write_json(out / "summary.json", {**summary, "runs": len(records), "environment": environment_record(0)})
     write_figures(out)
 
+# %% ../nbs/12_reports.ipynb #f5b15308
 def _missing_message(out: Path, missing: list[str]) -> str:
     "The cells not finished, each with the job and log that last ran it (`jobs.json`), if any."
     jobs = read_json(out / "jobs.json") if (out / "jobs.json").is_file() else {}
     lines = [f"  {k}" + (f" (job {jobs[k]['job_id']}, log {jobs[k]['stderr']})" if k in jobs else "") for k in missing]
     return f"{len(missing)} cells missing:\n" + "\n".join(lines)
 
+# %% ../nbs/12_reports.ipynb #d7324ad5
 def _run_sweep(a, out: Path, cluster: ClusterConfig, jobs: int, group_size: int) -> tuple[list[dict], list[str], dict | None]:
     "The finished records, the missing cells and the summary of what `repro_main` was asked to do (`--collect`, submitit or the pool)."
     if a.collect:
@@ -454,7 +494,9 @@ def _run_sweep(a, out: Path, cluster: ClusterConfig, jobs: int, group_size: int)
     records = execute(out, preset, jobs=jobs, device=a.device, force=a.force, progress=not a.quiet, group_size=group_size, compile=a.compile)
     return records, [], {"preset": a.preset, "executor": "pool", "jobs": jobs, "group_size": group_size, "compiled": a.compile}
 
-def repro_main(argv: list[str] | None = None) -> int:
+# %% ../nbs/12_reports.ipynb #c1874c3d
+def repro_main(argv: list[str] | None = None,  # command-line arguments (None: the process's own)
+              ) -> int:                       # exit status: 1 when cells are missing, else 0
     "Console entry point `basedirected-repro`."
     p = argparse.ArgumentParser(prog="basedirected-repro", description="Reproduce the synthetic-sequence experiments: base pre-training, "
                                 "c_theta, every objective of the preset, metrics, tables and figures.")
