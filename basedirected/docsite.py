@@ -25,13 +25,16 @@ __all__ = ['CDN_MATHJAX', 'LOCAL_MATHJAX', 'MATHJAX_VERSION', 'page_order', 'pag
            'process_notebook', 'notebook_html', 'local_mathjax', 'build_docs', 'docs_main']
 
 # %% ../nbs/14_docs.ipynb #fec1a348
-def page_order(nbs: Path) -> list[Path]:
+def page_order(nbs: Path,          # the notebooks' folder
+              ) -> list[Path]:    # the pages, in reading order
     "The notebooks of `nbs` in reading order (index first, `_`-prefixed scratch notebooks excluded)."
     nbs = Path(nbs)
     numbered = sorted(p for p in nbs.glob("*.ipynb") if p.name != "index.ipynb" and not p.name.startswith("_"))
     return ([nbs / "index.ipynb"] if (nbs / "index.ipynb").exists() else []) + numbered
 
-def page_title(nb: dict, fallback: str) -> str:
+def page_title(nb: dict,        # a notebook, as its JSON
+               fallback: str,   # the title of a notebook without a `# Title`
+              ) -> str:
     "The notebook's `# Title` (nbdev front matter), else `fallback`."
     for c in nb["cells"]:
         if c["cell_type"] == "markdown":
@@ -45,7 +48,11 @@ def _package_hash(lib: Path) -> str:
     for p in sorted(Path(lib).glob("*.py")): h.update(p.read_bytes())
     return h.hexdigest()
 
-def execute_notebook(src: Path, dst: Path, timeout: int = 900, threads: int | None = None) -> None:
+def execute_notebook(src: Path,                   # the notebook to execute
+                     dst: Path,                   # where the executed notebook is written (atomically)
+                     timeout: int = 900,          # seconds a cell may run
+                     threads: int | None = None,  # OpenMP and MKL threads of its kernel (None: as inherited)
+                    ) -> None:
     "Execute `src` with its own directory as working directory and write the executed notebook to `dst`."
     import nbformat
     from nbclient import NotebookClient
@@ -60,7 +67,11 @@ def execute_notebook(src: Path, dst: Path, timeout: int = 900, threads: int | No
     tmp = Path(dst).with_suffix(".tmp")
     nbformat.write(nb, tmp); os.replace(tmp, dst)
 
-def executed(pages: list[Path], lib: Path, cache: Path, jobs: int = 2) -> dict[Path, Path]:
+def executed(pages: list[Path],     # the notebooks to execute
+             lib: Path,             # the package's source folder: its modules are part of the cache key
+             cache: Path,           # the folder of executed notebooks, named by key
+             jobs: int = 2,         # notebooks executed in parallel
+            ) -> dict[Path, Path]:  # each page's executed copy
     "Executed copies of `pages` (from the cache when the notebook and the package are unchanged)."
     cache.mkdir(parents=True, exist_ok=True)
     pkg = _package_hash(lib)
@@ -90,7 +101,7 @@ main#bd-main { margin-left: 280px; max-width: 1000px; padding: 10px 20px 60px; }
 @media (max-width: 800px) { #bd-nav { position: static; width: auto; } main#bd-main { margin-left: 0; } }
 """
 
-def process_notebook(nb_path: Path):
+def process_notebook(nb_path: Path):  # an executed notebook
     "Apply nbdev's documentation processors (those of `nbdev_proc_nbs`) to an executed notebook."
     from execnb.nbio import read_nb
     from nbdev.processors import FilterDefaults
@@ -99,7 +110,9 @@ def process_notebook(nb_path: Path):
     return nb
 
 # %% ../nbs/14_docs.ipynb #7faee1e4
-def notebook_html(nb, mathjax_url: str) -> str:
+def notebook_html(nb,                # a processed notebook (`process_notebook`)
+                  mathjax_url: str,  # where the page loads MathJax from (LOCAL_MATHJAX or CDN_MATHJAX)
+                 ) -> str:           # the page's HTML, before the sidebar
     "HTML of a processed notebook (nbconvert `lab` template)."
     import nbformat
     from nbconvert import HTMLExporter
@@ -144,7 +157,8 @@ def _decorate(body: str, title: str, nav: list[tuple[str, str]], current: str) -
     return body.replace("</body>", f'<div class="bd-pager">{prev}{nxt}</div></main></body>', 1)
 
 # %% ../nbs/14_docs.ipynb #d1a3c29d
-def local_mathjax(root: Path) -> Path:
+def local_mathjax(root: Path,  # the repository's root (home of node_modules and _proc/npm)
+                 ) -> Path:   # the MathJax directory
     "Directory of a full MathJax 2 distribution, installing the npm package into `root/_proc/npm` if none is found."
     env = os.environ.get("BASEDIRECTED_MATHJAX")
     npm_dir = Path(root) / "_proc" / "npm"
@@ -158,8 +172,13 @@ def local_mathjax(root: Path) -> Path:
     return npm_dir / "node_modules" / "mathjax"
 
 # %% ../nbs/14_docs.ipynb #3e884805
-def build_docs(nbs: Path = Path("nbs"), out: Path = Path("docs"), mathjax: str = "local", execute: bool = True, jobs: int = 2,
-               cache: Path | None = None) -> list[Path]:
+def build_docs(nbs: Path = Path("nbs"),    # the notebooks' folder
+               out: Path = Path("docs"),   # the site's folder
+               mathjax: str = "local",     # 'local' (a copy in OUT/mathjax, viewable offline) or 'cdn'
+               execute: bool = True,       # execute the notebooks (cached); False: their stored outputs
+               jobs: int = 2,              # notebooks executed in parallel
+               cache: Path | None = None,  # executed notebooks' folder (None: _proc/docs-cache in the folder above nbs)
+              ) -> list[Path]:             # the pages written
     "Build the HTML site of `nbs` into `out`; returns the pages written."
     nbs, out = Path(nbs).resolve(), Path(out).resolve()
     if mathjax not in ("local", "cdn"): raise ValueError(f"mathjax must be 'local' or 'cdn', got {mathjax!r}")
@@ -186,7 +205,8 @@ def build_docs(nbs: Path = Path("nbs"), out: Path = Path("docs"), mathjax: str =
     return written
 
 # %% ../nbs/14_docs.ipynb #5bd21435
-def docs_main(argv: list[str] | None = None) -> int:
+def docs_main(argv: list[str] | None = None,  # command-line arguments (None: the process's own)
+             ) -> int:                       # exit status, 0
     "Console entry point `basedirected-docs`."
     p = argparse.ArgumentParser(prog="basedirected-docs", description="Build the documentation site from nbs/ into docs/ (no Quarto needed).")
     p.add_argument("--nbs", default="nbs"); p.add_argument("--out", default="docs")
