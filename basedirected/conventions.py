@@ -122,9 +122,10 @@ def reference_dtype(x: torch.Tensor, # any floating tensor
 # %% ../nbs/00_conventions.ipynb #d7bbcc4b
 def patch(f):  # a function whose first parameter is annotated with the class it extends
     "Add `f` to the class its first parameter is annotated with, as a method of the same name; returns `f`."
-    first = next(iter(inspect.signature(f).parameters))
-    cls = f.__annotations__[first]
-    cls = f.__globals__[cls] if isinstance(cls, str) else cls  # annotations are strings under `from __future__ import annotations`
+    inner = inspect.unwrap(f)  # a decorated method (`torch.no_grad()`) is looked up where it was written
+    first = next(iter(inspect.signature(inner).parameters))
+    cls = inner.__annotations__[first]
+    cls = inner.__globals__[cls] if isinstance(cls, str) else cls  # annotations are strings under `from __future__ import annotations`
     f.__qualname__ = f"{cls.__name__}.{f.__name__}"
     setattr(cls, f.__name__, f)
     return f
