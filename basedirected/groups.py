@@ -312,12 +312,13 @@ class RunGroup:
         if unknown: raise ValueError(f"attention backends must be among {', '.join(ATTENTION_BACKENDS)}, got {unknown[0]!r}")
         self.attention = [ATTENTION_BACKENDS[a] for a in attention]
 
-    # the stepper interface of `fit` (notebook 10)
-    @torch.no_grad()
-    def sync(self):
-        "Copy each run's slice of the stacked parameters into its own CVAE (for evaluation, checkpoints and the metrics)."
-        for n, r in enumerate(self.runs):
-            for name, p in r.model.named_parameters(): p.copy_(self.params[name][n])
+# %% ../nbs/10c_groups.ipynb #1f91fa52
+@patch
+@torch.no_grad()
+def sync(self: RunGroup):  # the stepper interface of `fit` (notebook 10), like the methods below
+    "Copy each run's slice of the stacked parameters into its own CVAE (for evaluation, checkpoints and the metrics)."
+    for n, r in enumerate(self.runs):
+        for name, p in r.model.named_parameters(): p.copy_(self.params[name][n])
 
 # %% ../nbs/10c_groups.ipynb #a89f5237
 @patch
