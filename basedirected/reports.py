@@ -30,7 +30,7 @@ __all__ = ['TABLE_METRICS', 'GROUP_BY', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'PAIR
            'aggregate', 'markdown_table', 'stats_markdown', 'write_results', 'holm', 'paired_difference',
            'paired_statistics', 'success_counts', 'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse',
            'figure_alignment', 'figure_escape', 'figure_curves', 'figure_gain_per_position', 'figure_weights',
-           'figure_paired', 'write_figures', 'write_base_gates', 'write_reports', 'repro_main']
+           'figure_paired', 'write_figures', 'write_base_gates', 'write_curves', 'write_reports', 'repro_main']
 
 # %% ../nbs/12_reports.ipynb #ca5567ef
 _ALIGNMENTS = tuple(f"{pre}{a}_{t}{s}" for pre, t in (("", "posterior"), ("gen_", "controlled"), ("gen_", "controlled_all"))
@@ -460,14 +460,25 @@ def write_base_gates(out: Path,  # the sweep's output directory
     atomic_write_json(Path(out) / "base_gates.json", gates)
     return gates
 
+# %% ../nbs/12_reports.ipynb #ba097cee
+def write_curves(out: Path,             # the sweep's output directory
+                 records: list[dict],   # the finished cells' metrics records (their keys name their run directories)
+                ) -> list[dict]:        # one row per held-out evaluation
+    "`curves.csv`: every finished cell's held-out rate, loss and reconstruction at each evaluation of its training (how fast $z$ escaped, run by run)."
+    rows = [{"key": r["key"], "step": e["step"], "rate": e["kl"], "loss": e["loss"], "recon": e["recon"]}
+            for r in records for e in read_log(Path(out) / "runs" / r["key"] / "log.jsonl") if e.get("split") == "eval"]
+    atomic_write_bytes(Path(out) / "curves.csv", _csv_bytes(rows, ["key", "step", "rate", "loss", "recon"]))
+    return rows
+
 # %% ../nbs/12_reports.ipynb #cb3c6180
 def write_reports(out: Path,            # the sweep's output directory
                   records: list[dict],  # the finished cells' metrics records
                   summary: dict,        # what ran (preset, executor, wall time, missing cells): summary.json's fields
                  ) -> None:
-    "Tables, base gates and `summary.json` of a sweep's finished `records`, then its figures (last: a figure that fails loses nothing)."
+    "Tables, base gates, escape curves and `summary.json` of a sweep's finished `records`, then its figures (last: a figure that fails loses nothing)."
     write_results(out, records)
     write_base_gates(out)
+    write_curves(out, records)
     atomic_write_json(out / "summary.json", {**summary, "runs": len(records), "environment": environment_record(0)})
     write_figures(out)
 
