@@ -60,7 +60,9 @@ class CVAEOutput:
     distill: torch.Tensor | None = None   # (B,) exact+distill: cross-entropy of q_xi to the stop-gradient q*
 
 # %% ../nbs/07_cvae.ipynb #762acd48
-def pooled_hidden(backbone: CausalLM, batch: Batch) -> torch.Tensor:
+def pooled_hidden(backbone: CausalLM,  # the posterior's backbone
+                  batch: Batch,        # sequences in the base layout
+                 ) -> torch.Tensor:
     "Mean of the final hidden states over the real tokens of each sequence, `(B, d_model)`."
     _, h = backbone(batch.ids, batch.attention_mask, return_hidden=True)
     m = batch.attention_mask.unsqueeze(-1).to(h.dtype)
@@ -210,7 +212,11 @@ class ContinuousCVAE(nn.Module):
         return CVAEOutput(nll, mask.view(B, S, -1)[:, 0], per_dim.sum(-1), per_dim, mu_q=mu_q)
 
 # %% ../nbs/07_cvae.ipynb #b8450a7d
-def build_cvae(base: CausalLM, vocab: Vocab, config: CVAEConfig, seed: int = 0) -> nn.Module:
+def build_cvae(base: CausalLM,        # the base model the CVAE is adapted from (copied)
+               vocab: Vocab,
+               config: CVAEConfig,    # the latent
+               seed: int = 0,         # the symmetry-breaking noise on the code embeddings
+              ) -> nn.Module:
     "The CVAE named by `config.latent`, initialized from `base`."
     return (DiscreteCVAE if config.latent == "discrete" else ContinuousCVAE)(base, vocab, config, seed)
 
@@ -236,7 +242,10 @@ def exact_posterior_logits(code_loss: torch.Tensor,  # L_k: the objective's reco
         # a tensor (one per run of a vmapped group): both cases computed and selected, no branch on its value
         return torch.where(beta > 0, log_r - L / torch.where(beta > 0, beta, 1.0).to(dtype), hard())
 
-def exact_objective(code_loss: torch.Tensor, r_logits: torch.Tensor, beta: float) -> torch.Tensor:
+def exact_objective(code_loss: torch.Tensor,  # L_k, (B, K)
+                    r_logits: torch.Tensor,   # router logits, (B, K)
+                    beta: float,              # KL weight (>= 0)
+                   ) -> torch.Tensor:
     "$\\mathcal J(q^\\star) = -\\beta \\log \\sum_k r_k e^{-L_k/\\beta}$ per example, `(B,)` ($\\min_k L_k$ at $\\beta = 0$)."
     if beta == 0: return code_loss.min(-1).values
     dtype = torch.promote_types(code_loss.dtype, torch.float32)
@@ -291,7 +300,9 @@ def objective_terms(out: CVAEOutput,                  # a forward pass with its 
     return terms
 
 # %% ../nbs/07_cvae.ipynb #f59e27d8
-def router_logits(model: DiscreteCVAE, examples: list[Example]) -> torch.Tensor:
+def router_logits(model: DiscreteCVAE,      # a discrete CVAE
+                  examples: list[Example],  # their prompts x
+                 ) -> torch.Tensor:
     "Logits of $r_\\phi(z|x)$ from the router prefix alone (no response in the sequence), `(B, K)`."
     out = []
     for e in examples:  # one row at a time: prefixes differ in length and there is nothing to pad

@@ -127,7 +127,7 @@ class RunSpec:
 
     def command(self, run_dir: str) -> str: return shlex.join(["basedirected-train", "--run-dir", run_dir, *self.argv])
 
-# %% ../nbs/11_experiments.ipynb #59b2e5c7
+# %% ../nbs/11_experiments.ipynb #d4ff3441
 def cell_argv(preset: Preset,              # the sweep's sizes
               regime: str,                 # a task name, or a regime of the visiting-order task
               latent: str,                 # 'discrete' or 'continuous'
@@ -160,6 +160,7 @@ def cell_argv(preset: Preset,              # the sweep's sizes
     if preset.shared_prefix and latent == "discrete": argv += ["--shared-prefix"]
     return argv
 
+# %% ../nbs/11_experiments.ipynb #ae11107a
 def plan(preset: Preset,  # a preset (its grid and arms)
         ) -> list[RunSpec]:
     "Every run of `preset` (its grid, then each arm's), in a stable order."
@@ -167,6 +168,7 @@ def plan(preset: Preset,  # a preset (its grid and arms)
     for arm in preset.arms: specs += [s for s in _grid(dataclasses.replace(preset, arms=(), **arm)) if s.key not in {t.key for t in specs}]
     return specs
 
+# %% ../nbs/11_experiments.ipynb #2ff6a05a
 def _grid(preset: Preset) -> list[RunSpec]:
     specs, parser = [], build_parser()
     weights = [("tau", t) for t in preset.taus] + [("beta", b) for b in preset.betas]

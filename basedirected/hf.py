@@ -240,7 +240,9 @@ def encode_examples(vocab: HFVocab,
 # %% ../nbs/10a_hf.ipynb #380d0950
 class EncodedPairs(EncodedExamples):
     "A tokenized dataset encoded once into both layouts on one device; `select(indices)` as for `EncodedExamples`."
-    def __init__(self, vocab: HFVocab, examples: list[Example], device: str | torch.device = "cpu"):
+    def __init__(self, vocab: HFVocab,              # the backbone's tokenizer with the layout's tokens
+                 examples: list[Example],           # tokenized records
+                 device: str | torch.device = "cpu"):
         if not examples: raise ValueError("examples is empty: nothing to encode")
         self._store(encode_examples(vocab, examples), encode_examples(vocab, examples, ["<znull>"] * len(examples)), device)
 
@@ -288,7 +290,10 @@ class HFReference:
 
 class PairSurprisalCache(SurprisalCache):
     "$b_{\\theta,t}$ of every example of an `EncodedPairs`; with several processes each scores its share and all receive the whole."
-    def __init__(self, reference: HFReference, rows: EncodedPairs, batch_size: int = 64, rank: int = 0, world: int = 1):
+    def __init__(self, reference: HFReference,  # the frozen base
+                 rows: EncodedPairs,            # the dataset to cache
+                 batch_size: int = 64,          # rows per reference pass
+                 rank: int = 0, world: int = 1):  # this process among torchrun's (each scores its share)
         self.lengths = rows.response_len.clone()
         self.values = torch.zeros(len(rows), int(self.lengths.max()), device=rows.device)
         mine = torch.arange(rank, len(rows), world)

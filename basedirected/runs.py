@@ -384,7 +384,7 @@ def resolve_device(device: str = "auto",  # 'auto', 'cpu' or 'cuda[:i]'
     if dev.type not in ("cpu", "cuda"): raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:i]', got {device!r}")
     return dev
 
-def run_vocab(config: RunConfig,
+def run_vocab(config: RunConfig,  # its task and its number of codes
              ) -> Vocab:
     "The vocabulary of a run: the task's tokens and enough latent codes for its CVAE (at least 8, so runs share ids)."
     return Vocab.for_task(config.task, n_latent=max(config.cvae.K, 8))
