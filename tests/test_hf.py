@@ -316,3 +316,11 @@ def test_hf_a_run_interrupted_before_its_first_checkpoint_logs_each_evaluation_o
     assert not (tmp_path / "run" / "checkpoint.pt").exists()  # stopped before its first checkpoint
     assert hf_train_main(argv) == 0
     assert [r["step"] for r in read_log(tmp_path / "run" / "log.jsonl") if r["split"] == "eval"] == [3, 6]
+
+
+def test_hf_cached_and_recomputed_reference_agree(data, tmp_path):
+    "--recompute-reference runs the frozen reference (adapters disabled) every step instead of the cache: the same b_t, so the same run."
+    d, _, _ = data
+    assert hf_train_main(_args(d, tmp_path / "cached", "--posterior", "exact")) == 0
+    assert hf_train_main(_args(d, tmp_path / "recomputed", "--posterior", "exact", "--recompute-reference")) == 0
+    torch.testing.assert_close(torch.tensor(_train_losses(tmp_path / "recomputed")), torch.tensor(_train_losses(tmp_path / "cached")), rtol=1e-5, atol=1e-6)
