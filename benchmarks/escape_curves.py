@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 BASE_FILES = ("base.pt", "reference_scale.json", "base_gate.json")
+METRICS = ("rate", "gen_alignment_controlled_all", "gen_alignment_controlled_all_null", "gen_alignment_controlled_all_excess", "I_zs_norm",
+           "I_zs_given_x_norm", "gen_answer_rate", "gain_z", "drift", "beta_effective")  # what --metrics collects from each cell
 
 
 def escape_step(curve: list[tuple[int, float]], K: int) -> int | None:
@@ -46,6 +48,8 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--every", type=int, default=50, help="held-out evaluation period")
     p.add_argument("--jobs", type=int, default=2, help="cells at a time, one torch thread each")
+    p.add_argument("--metrics", action="store_true", help="every cell also writes metrics.json (alignment, I(z;s), answers...), "
+                   "collected with the curves into OUT/cells.csv")
     p.add_argument("--out", required=True, help="directory: OUT/base, one directory per cell, OUT/curves.json")
     a = p.parse_args(argv)
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
@@ -71,10 +75,12 @@ def main(argv=None):
         t0 = time.time()
         r = subprocess.run(["basedirected-train", "--run-dir", str(d), *common, "--objective", obj, "--tau", str(tau), "--seed", str(seed),
                             "--grad-clip", str(clip), "--posterior", a.posterior, "--steps", str(a.steps), "--eval-every", str(a.every), "--checkpoint-every", str(a.steps),
-                            "--no-metrics", "--allow-failed-base"], capture_output=True, text=True, env=env)
+                            *([] if a.metrics else ["--no-metrics"]), "--allow-failed-base"], capture_output=True, text=True, env=env)
         if r.returncode: return c, None, r.stderr[-2000:]
         ev = [json.loads(l) for l in (d / "log.jsonl").read_text().splitlines() if '"split": "eval"' in l]
-        return c, {"curve": [(e["step"], e["kl"]) for e in ev], "seconds": time.time() - t0}, None
+        m = json.loads((d / "metrics.json").read_text()) if a.metrics else {}
+        return c, {"curve": [(e["step"], e["kl"]) for e in ev], "seconds": time.time() - t0, "metrics": {k: m.get(k) for k in METRICS if k in m},
+                   "command": (d / "command.txt").read_text().strip() if (d / "command.txt").exists() else None}, None
 
     cells = list(itertools.product(a.objectives.split(","), [float(t) for t in a.taus.split(",")], [float(g) for g in a.grad_clips.split(",")],
                                    [int(s) for s in a.seeds.split(",")]))
@@ -87,6 +93,13 @@ def main(argv=None):
                   f"final rate {res['curve'][-1][1]:.3f} nats ({res['seconds']:.0f} s)  "
                   + " ".join(f"{s}:{k:.3f}" for s, k in res["curve"]), flush=True)
             results.append({"objective": obj, "tau": tau, "grad_clip": clip, "seed": seed, "escape_step": step, **res})
+    if a.metrics:  # one row per cell: its coordinates, escape step, final rate and metrics
+        with open(out / "cells.csv", "w") as f:
+            cols = ["objective", "tau", "grad_clip", "seed", "escape_step", *METRICS, "command"]
+            f.write(",".join(cols) + "\n")
+            for r in results:
+                row = {**{k: r[k] for k in ("objective", "tau", "grad_clip", "seed", "escape_step")}, **r["metrics"], "rate": r["curve"][-1][1], "command": json.dumps(r["command"])}
+                f.write(",".join("" if row.get(k) is None else str(row[k]) for k in cols) + "\n")
     (out / "curves.json").write_text(json.dumps({"task": a.task, "regime": a.regime, "posterior": a.posterior, "steps": a.steps,
                                                  "base_gate_passes": gate["passes"], "cells": results}, indent=1))
 
