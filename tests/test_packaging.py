@@ -155,3 +155,26 @@ def test_the_package_has_no_import_circle():
     "Whatever the reading order says: no module reaches itself through the modules it imports (lazily or not)."
     assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"] and _circle({"a": {"b"}, "b": set()}) is None
     assert _circle({mod: _package_imports(mod) for mod in _reading_order()}) is None
+
+
+def _mixes_imports_with_code(source: str) -> bool:
+    "nbdev's documentation build runs every cell that imports, in a kernel holding only imports and exports: such a cell must do nothing else."
+    import ast
+    code = "\n".join(l for l in source.splitlines() if not l.lstrip().startswith(("#|", "%", "!")))
+    try: tree = ast.parse(code)
+    except SyntaxError: return False
+    nodes = list(ast.walk(tree))
+    return any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in nodes) and any(isinstance(n, (ast.Expr, ast.Assign)) for n in nodes)
+
+
+def test_no_notebook_cell_mixes_imports_with_other_code():
+    import json
+    from basedirected.docsite import page_order
+    assert _mixes_imports_with_code("import re\nx = re.compile('a')") and not _mixes_imports_with_code("import re\nfrom math import pi")
+    found = []
+    for nb in page_order(ROOT / "nbs"):
+        for i, c in enumerate(json.loads(nb.read_text())["cells"]):
+            src = "".join(c["source"])
+            exported = any(l.strip().split()[1:2] in (["export"], ["exports"], ["exporti"], ["exec_doc"]) for l in src.splitlines() if l.startswith("#|"))
+            if c["cell_type"] == "code" and not exported and _mixes_imports_with_code(src): found.append(f"{nb.name} cell {i}: {src.splitlines()[0]}")
+    assert not found, "cells the documentation build would run without the cells before them (put their imports in a cell of their own):\n" + "\n".join(found)
