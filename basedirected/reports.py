@@ -464,10 +464,19 @@ def write_base_gates(out: Path,  # the sweep's output directory
 def write_curves(out: Path,             # the sweep's output directory
                  records: list[dict],   # the finished cells' metrics records (their keys name their run directories)
                 ) -> list[dict]:        # one row per held-out evaluation
-    "`curves.csv`: every finished cell's held-out rate, loss and reconstruction at each evaluation of its training (how fast $z$ escaped, run by run)."
-    rows = [{"key": r["key"], "step": e["step"], "rate": e["kl"], "loss": e["loss"], "recon": e["recon"]}
-            for r in records for e in read_log(Path(out) / "runs" / r["key"] / "log.jsonl") if e.get("split") == "eval"]
-    atomic_write_bytes(Path(out) / "curves.csv", _csv_bytes(rows, ["key", "step", "rate", "loss", "recon"]))
+    """`curves.csv`: every finished cell's held-out rate, loss and reconstruction at each evaluation of its training (how fast $z$ escaped,
+    run by run), with the training steps since the evaluation before: their mean gradient norm and the share of them clipped."""
+    rows = []
+    for r in records:
+        clip, norms = r.get("grad_clip") or TrainConfig().grad_clip, []
+        for e in read_log(Path(out) / "runs" / r["key"] / "log.jsonl"):
+            if e.get("split") == "train" and "grad_norm" in e: norms.append(e["grad_norm"])
+            if e.get("split") != "eval": continue
+            rows.append({"key": r["key"], "step": e["step"], "rate": e["kl"], "loss": e["loss"], "recon": e["recon"],
+                         "grad_norm": sum(norms) / len(norms) if norms else None,
+                         "clipped": sum(n > clip for n in norms) / len(norms) if norms else None})
+            norms = []
+    atomic_write_bytes(Path(out) / "curves.csv", _csv_bytes(rows, ["key", "step", "rate", "loss", "recon", "grad_norm", "clipped"]))
     return rows
 
 # %% ../nbs/12_reports.ipynb #cb3c6180
