@@ -52,6 +52,7 @@ def execute_notebook(src: Path,                   # the notebook to execute
                      dst: Path,                   # where the executed notebook is written (atomically)
                      timeout: int = 900,          # seconds a cell may run
                      threads: int | None = None,  # OpenMP and MKL threads of its kernel (None: as inherited)
+                     skip: tuple[str, ...] = (),  # nbdev flags (e.g. 'slow') whose cells are shown unexecuted
                     ) -> None:
     "Execute `src` with its own directory as working directory and write the executed notebook to `dst`."
     import nbformat
@@ -60,9 +61,10 @@ def execute_notebook(src: Path,                   # the notebook to execute
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"): os.environ[var] = str(threads)
     nb = nbformat.read(src, as_version=4)
     import torch
-    if not torch.cuda.is_available():  # GPU cells (`#| cuda`) are shown unexecuted on a machine without one
-        for c in nb.cells:
-            if c.cell_type == "code" and re.search(r"^#\|\s*cuda\b", c.source, flags=re.M): c.metadata.setdefault("tags", []).append("skip-execution")
+    flags = (*skip, *(() if torch.cuda.is_available() else ("cuda",)))  # GPU cells are shown unexecuted on a machine without one
+    for c in nb.cells:
+        if flags and c.cell_type == "code" and re.search(rf"^#\|\s*({'|'.join(map(re.escape, flags))})\b", c.source, flags=re.M):
+            c.metadata.setdefault("tags", []).append("skip-execution")
     NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(Path(src).parent)}}).execute()
     tmp = Path(dst).with_suffix(".tmp")
     nbformat.write(nb, tmp); os.replace(tmp, dst)
@@ -71,13 +73,14 @@ def executed(pages: list[Path],     # the notebooks to execute
              lib: Path,             # the package's source folder: its modules are part of the cache key
              cache: Path,           # the folder of executed notebooks, named by key
              jobs: int = 2,         # notebooks executed in parallel
+             skip: tuple[str, ...] = (),  # nbdev flags whose cells are not executed (part of the cache key)
             ) -> dict[Path, Path]:  # each page's executed copy
     "Executed copies of `pages` (from the cache when the notebook and the package are unchanged)."
     cache.mkdir(parents=True, exist_ok=True)
     pkg = _package_hash(lib)
     out, todo = {}, []
     for p in pages:
-        key = hashlib.sha1(p.read_bytes() + pkg.encode()).hexdigest()[:16]
+        key = hashlib.sha1(p.read_bytes() + pkg.encode() + ",".join(skip).encode()).hexdigest()[:16]
         dst = cache / f"{p.stem}.{key}.ipynb"
         out[p] = dst
         if not dst.exists(): todo.append((p, dst))
@@ -85,7 +88,7 @@ def executed(pages: list[Path],     # the notebooks to execute
         threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
         ctx = __import__("multiprocessing").get_context("spawn")
         with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx) as pool:
-            for f in [pool.submit(execute_notebook, s, d, 900, threads) for s, d in todo]: f.result()
+            for f in [pool.submit(execute_notebook, s, d, 900, threads, tuple(skip)) for s, d in todo]: f.result()
     return out
 
 # %% ../nbs/14_docs.ipynb #ba7d6428
@@ -178,6 +181,7 @@ def build_docs(nbs: Path = Path("nbs"),    # the notebooks' folder
                execute: bool = True,       # execute the notebooks (cached); False: their stored outputs
                jobs: int = 2,              # notebooks executed in parallel
                cache: Path | None = None,  # executed notebooks' folder (None: _proc/docs-cache in the folder above nbs)
+               skip: tuple[str, ...] = (), # nbdev flags whose cells are shown unexecuted (the docs test skips 'slow': nbdev_test runs them)
               ) -> list[Path]:             # the pages written
     "Build the HTML site of `nbs` into `out`; returns the pages written."
     nbs, out = Path(nbs).resolve(), Path(out).resolve()
@@ -185,7 +189,7 @@ def build_docs(nbs: Path = Path("nbs"),    # the notebooks' folder
     root = nbs.parent
     cache = Path(cache) if cache else root / "_proc" / "docs-cache"
     pages = page_order(nbs)
-    sources = executed(pages, root / "basedirected", cache, jobs) if execute else {p: p for p in pages}
+    sources = executed(pages, root / "basedirected", cache, jobs, tuple(skip)) if execute else {p: p for p in pages}
     out.mkdir(parents=True, exist_ok=True)
     if mathjax == "local" and not (out / "mathjax" / "MathJax.js").exists():
         shutil.copytree(local_mathjax(root), out / "mathjax", dirs_exist_ok=True,
@@ -213,7 +217,8 @@ def docs_main(argv: list[str] | None = None,  # command-line arguments (None: th
     p.add_argument("--mathjax", choices=("local", "cdn"), default="local", help="local copy (offline viewing) or the public CDN (publishing)")
     p.add_argument("--no-execute", action="store_true", help="use the outputs stored in the notebooks instead of executing them")
     p.add_argument("--jobs", type=int, default=2, help="notebooks executed in parallel")
+    p.add_argument("--skip", default="", help="comma-separated nbdev flags whose cells are shown unexecuted, e.g. slow (default: execute every cell)")
     a = p.parse_args(argv)
-    pages = build_docs(Path(a.nbs), Path(a.out), a.mathjax, not a.no_execute, a.jobs)
+    pages = build_docs(Path(a.nbs), Path(a.out), a.mathjax, not a.no_execute, a.jobs, skip=tuple(f for f in a.skip.split(",") if f))
     print(f"{len(pages)} pages written to {a.out}/ (open {a.out}/index.html)")
     return 0

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
 def site(tmp_path_factory):
     from basedirected.docsite import build_docs
     out = tmp_path_factory.mktemp("site")
-    pages = build_docs(ROOT / "nbs", out, mathjax="local", execute=True, jobs=2)
+    pages = build_docs(ROOT / "nbs", out, mathjax="local", execute=True, jobs=2, skip=("slow",))  # nbdev_test --flags slow ran those cells
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(out))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
