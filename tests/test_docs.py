@@ -49,12 +49,14 @@ def browser():
 def _load(driver, url):
     from selenium.webdriver.support.ui import WebDriverWait
     driver.get(url)
-    # MathJax 2 sets its queue; wait until typesetting has finished (pages without math finish at once)
+    # MathJax 3: startup.promise resolves once the page is typeset (at once on a page without math)
     WebDriverWait(driver, 60).until(lambda d: d.execute_script(
-        "return document.readyState === 'complete' && (!window.MathJax || !MathJax.Hub || "
-        "(MathJax.Hub.queue.pending === 0 && MathJax.Hub.queue.running === 0 && !!window.__bd_done));") or
-        driver.execute_script("if (window.MathJax && MathJax.Hub && !window.__bd_q) { window.__bd_q = 1; "
-                              "MathJax.Hub.Queue(function () { window.__bd_done = true; }); } return false;"))
+        "if (document.readyState !== 'complete') return false; if (!window.MathJax) return true;"
+        "if (!window.__bd_mj && MathJax.startup && MathJax.startup.promise) { window.__bd_mj = 'waiting';"
+        " MathJax.startup.promise.then(function () { window.__bd_mj = 'done'; }, function (e) { window.__bd_mj = 'failed: ' + e; }); }"
+        "return !!window.__bd_mj && window.__bd_mj !== 'waiting';"))
+    state = driver.execute_script("return window.MathJax ? window.__bd_mj : 'no math';")
+    assert state in ("done", "no math"), f"{url}: MathJax {state}"
 
 
 def test_every_page_renders_cleanly(site, browser):
@@ -71,6 +73,8 @@ def test_every_page_renders_cleanly(site, browser):
             "return Array.from(document.querySelectorAll('.jp-RenderedMarkdown')).map(e => e.innerText).join('\\n');")
         raw = re.findall(r"\$\$[^$]+\$\$|(?<![\w$])\$[^$\s][^$\n]*?\$(?![\w$])", text)
         if raw: problems.append(f"{page.name}: untypeset math {raw[:3]}")
+        tex_errors = browser.execute_script("return Array.from(document.querySelectorAll('mjx-merror')).map(e => e.getAttribute('data-mjx-error') || e.textContent);")
+        if tex_errors: problems.append(f"{page.name}: MathJax errors {tex_errors[:3]}")
         bad_images = browser.execute_script(
             "return Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0 && i.naturalHeight > 0)).map(i => i.src.slice(0, 80));")
         if bad_images: problems.append(f"{page.name}: images not loaded {bad_images}")
@@ -108,6 +112,55 @@ def test_results_page_shows_the_experiment_figures(site, browser):
     _load(browser, urljoin(base, "13_results.html"))
     sizes = browser.execute_script("return Array.from(document.images).map(i => [i.naturalWidth, i.naturalHeight]);")
     assert len(sizes) >= 3 and all(w > 100 and h > 100 for w, h in sizes)
+
+
+def test_derivation_pages_show_their_figures(site, browser):
+    out, _, base = site
+    for name in ("01_surprisal.html", "02_weights.html", "03_reconstruction.html", "04_objective.html"):
+        _load(browser, urljoin(base, name))
+        sizes = browser.execute_script("return Array.from(document.querySelectorAll('.jp-OutputArea img')).map(i => [i.naturalWidth, i.naturalHeight]);")
+        assert any(w > 300 and h > 100 for w, h in sizes), f"{name}: no rendered figure ({sizes})"
+
+
+def test_search_leads_from_a_name_to_its_definition(site, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+    out, _, base = site
+    assert (out / "search-index.js").stat().st_size > 10_000 and (out / "search.js").exists()
+    _load(browser, urljoin(base, "13_results.html"))
+    browser.find_element(By.ID, "bd-search").send_keys("concentration_factor")
+    hits = WebDriverWait(browser, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#bd-results a"))
+    assert hits[0].text.startswith("Token weights › concentration_factor")
+    hits[0].click()
+    WebDriverWait(browser, 30).until(lambda d: urlparse(d.current_url).path.endswith("/02_weights.html"))
+    assert urlparse(browser.current_url).fragment == "concentration_factor" and browser.title == "Token weights – basedirected"
+    assert browser.find_element(By.ID, "concentration_factor").text.startswith("concentration_factor")
+    # Enter follows the first result; a query that matches nothing says so
+    box = browser.find_element(By.ID, "bd-search")
+    box.clear(); box.send_keys("reference_weights", Keys.ENTER)
+    WebDriverWait(browser, 30).until(lambda d: urlparse(d.current_url).fragment == "reference_weights")
+    assert urlparse(browser.current_url).path.endswith("/02_weights.html")
+    box.clear(); box.send_keys("qwertyuiop")
+    assert browser.find_element(By.ID, "bd-results").text == "No results"
+
+
+def test_previous_and_next_links_follow_the_reading_order(site, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    out, pages, base = site
+    names = [p.name for p in pages]
+    for i, page in enumerate(pages):
+        text = page.read_text()
+        prev, nxt = (re.search(rf'<a rel="{r}" href="([^"]+)"', text) for r in ("prev", "next"))
+        assert (prev and prev.group(1)) == (names[i - 1] if i > 0 else None), page.name
+        assert (nxt and nxt.group(1)) == (names[i + 1] if i + 1 < len(names) else None), page.name
+    _load(browser, urljoin(base, "01_surprisal.html"))
+    browser.find_element(By.CSS_SELECTOR, ".bd-pager a[rel=next]").click()
+    WebDriverWait(browser, 30).until(lambda d: urlparse(d.current_url).path.endswith("/02_weights.html"))
+    assert browser.title == "Token weights – basedirected"
+    browser.find_element(By.CSS_SELECTOR, ".bd-pager a[rel=prev]").click()
+    WebDriverWait(browser, 30).until(lambda d: urlparse(d.current_url).path.endswith("/01_surprisal.html"))
 
 
 def test_screenshot_of_the_objective_page(site, browser, tmp_path):
