@@ -73,7 +73,7 @@ def add_dataclass_options(parser,                               # an `argparse.A
         flag, text = "--" + f.name.replace("_", "-"), helps.get(f.name, "")
         if f.default is False: g.add_argument(flag, dest=f.name, action="store_true", help=text); continue
         typ = type(f.default) if f.default is not None else _SCALARS[str(f.type).split("|")[0].strip()]
-        shown = "" if f.default is None else f" (default: {f.default})"
+        shown, text = "" if f.default is None else f" (default: {f.default})", text.replace("%", "%%")  # argparse formats help with %
         g.add_argument(flag, dest=f.name, type=typ, choices=choices.get(f.name), default=f.default, help=text + shown)
     return g
 
@@ -130,7 +130,9 @@ TASK_OPTIONS: tuple[Option, ...] = (  # the synthetic task and the base model th
     Option("--regime", None, "task", "a preset of the task: for visiting_order one of " + ", ".join(REGIMES) + " (default early); "
            "sorting and addition: short, long; grid_pathfinding: small, large, open (default: the task's defaults)", default=None),
     Option("--prior", None, "task", "strategy prior p(s|x) (default: the regime's)", ("uniform", "input"), None, backbones=_TINY),
-    Option("--tie-fraction", None, "task", "fraction of palindromic inputs, where l2r and r2l tie (default: the regime's)", default=None, type=float, backbones=_TINY),
+    Option("--tie-fraction", None, "task", "the task's share of tied inputs, where several strategies write one trace: " + "; ".join(
+           f"{n}: {field_comments(c)['tie_fraction']}" for n, c in Task.registry.items() if "tie_fraction" in c.__dataclass_fields__)
+           + "; the other tasks have none (default: the regime's)", default=None, type=float, backbones=_TINY),
     Option("--n-train", "n_train", "task", default=None, type=int, backbones=_TINY, note=f"({_RECIPE}20000)"),
     Option("--n-eval", "n_eval", "task"),
     Option("--base-steps", "base.steps", "base model p_theta", default=None, type=int, backbones=_TINY,
@@ -237,6 +239,8 @@ class _Once(argparse.Action):
         seen[self.dest] = option_string
         setattr(namespace, self.dest, True if self.nargs == 0 else values)
 
+def _escaped(text: str) -> str: return text.replace("%", "%%")  # argparse formats help with %: a literal one is doubled
+
 def build_parser(prog: str = "basedirected-train",  # the command's name in its messages
                 ) -> argparse.ArgumentParser:
     "The `basedirected-train` argument parser, generated from `OPTIONS` and the configurations' field comments."
@@ -253,10 +257,10 @@ def build_parser(prog: str = "basedirected-train",  # the command's name in its 
         g = groups.setdefault(o.group, p.add_argument_group(o.group))
         d = _field(_config_of(o), o.path) if o.default is ... else o.default
         if isinstance(d, bool):
-            g.add_argument(o.flag, *o.aliases(), dest=o.dest, action=_Once, nargs=0, default=False, help=option_help(o)); continue
+            g.add_argument(o.flag, *o.aliases(), dest=o.dest, action=_Once, nargs=0, default=False, help=_escaped(option_help(o))); continue
         typ = o.type or (type(d) if d is not None else str)
         default = o.default if o.path is None else None  # a configuration field stays None unless given
-        g.add_argument(o.flag, *o.aliases(), dest=o.dest, action=_Once, type=typ, choices=o.choices, default=default, help=option_help(o))
+        g.add_argument(o.flag, *o.aliases(), dest=o.dest, action=_Once, type=typ, choices=o.choices, default=default, help=_escaped(option_help(o)))
     for flag, f in ORIGINAL_FLAG_ALIASES.items():
         if f.switch: groups["objective"].add_argument(flag, dest=flag.lstrip("-").replace("-", "_"), action="store_true", help="original flag: " + f.meaning)
     return p
@@ -396,9 +400,12 @@ def train_main(argv: list[str] | None = None,  # the options (None: the command 
             if a.backbone is None: raise
             parser.exit(2, f"{parser.prog}: error: {e}\n")  # a Hugging Face run checks its data as it reads it
         except OSError as e: parser.exit(2, f"{parser.prog}: error: {e.filename or rd.path}: {e.strerror or e}; nothing already written was lost\n")
+        except KeyboardInterrupt:  # the files on disk are whole (atomic writes); the log is cut back to the checkpoint on resume
+            kept = "from its last checkpoint" if rd.checkpoint.exists() else "from the start (no checkpoint was written yet)"
+            parser.exit(130, f"{parser.prog}: interrupted; run the same command again to resume {kept}\n")
         finally:
             if dist.is_initialized(): dist.destroy_process_group()
-    if main: _report(rd, prog, args, final, time.perf_counter() - t0)
+        if main: _report(rd, prog, args, final, time.perf_counter() - t0)  # still holding the directory
     return 0
 
 # %% ../nbs/10b_cli.ipynb #8673e60c

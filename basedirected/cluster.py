@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import shutil
@@ -16,10 +17,11 @@ from pathlib import Path
 
 import torch
 
-from .experiments import PRESETS, Preset, RunSpec, check_base_gate, clear_cells, finished, plan, prepare_shared_base, record_preset, run_pack
+from .experiments import (PRESETS, Preset, RunSpec, check_base_gate, check_sweep_dir, clear_held_cells, finished, finished_record, plan,
+                                      prepare_shared_base, record_preset, run_pack)
 from .groups import pack_groups
 from .model import ModelConfig
-from .runs import RunDir, atomic_write_json, read_json
+from .runs import RunDir, atomic_write_json, check_writable, read_json
 
 # %% auto #0
 __all__ = ['EXECUTORS', 'CLUSTERS', 'ClusterConfig', 'PackJob', 'preset_from_record', 'collect', 'ClusterError',
@@ -50,9 +52,12 @@ class ClusterConfig:
         if self.cluster not in CLUSTERS: raise ValueError(f"--cluster must be one of {', '.join(CLUSTERS)}, got {self.cluster!r}")
         if self.slurm_partition is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*", self.slurm_partition):
             raise ValueError(f"--slurm-partition must be partition names separated by commas (letters, digits, '_', '-', '.'), got {self.slurm_partition!r}")
-        for name in ("timeout_min", "cpus_per_job", "mem_gb", "array_parallelism", "poll_s"):
-            v = getattr(self, name)
-            if v is not None and not v > 0: raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {v}")
+        for name, kind in (("timeout_min", int), ("gpus_per_job", int), ("cpus_per_job", int), ("array_parallelism", int), ("mem_gb", float), ("poll_s", float)):
+            v, flag = getattr(self, name), "--" + name.replace("_", "-")
+            if v is None: continue
+            if isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else int):  # '5', True and 1.5 are not a count
+                raise ValueError(f"{flag} must be {'an integer' if kind is int else 'a number'}, got {v!r}")
+            if not (math.isfinite(v) and v > 0) and name != "gpus_per_job": raise ValueError(f"{flag} must be a finite number > 0, got {v}")
         if self.gpus_per_job not in (0, 1): raise ValueError(f"--gpus-per-job must be 0 or 1 (a pack of cells trains on one device), got {self.gpus_per_job}")
         if self.executor == "pool":
             given = [f.name for f in dataclasses.fields(self) if f.name not in ("executor", "poll_s") and getattr(self, f.name) != f.default]
@@ -99,8 +104,15 @@ def preset_from_record(out: Path,  # a sweep directory, holding its preset.json
     "The preset a sweep directory was made with, rebuilt from its `preset.json`."
     path = Path(out) / "preset.json"
     if not path.is_file(): raise FileNotFoundError(f"{path} not found: {out} is not a sweep directory (basedirected-repro writes preset.json first)")
-    record = read_json(path)["preset"]
-    preset = Preset(**_tuples(record))
+    record = read_json(path).get("preset")
+    if not isinstance(record, dict): raise ValueError(f"{path} holds no preset; it is damaged: rerun the sweep with its --preset to write it again")
+    names = {f.name for f in dataclasses.fields(Preset)}
+    required = [f.name for f in dataclasses.fields(Preset) if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing := [n for n in required if n not in record]:
+        raise ValueError(f"{path} lacks the preset's {', '.join(missing)}; it is damaged or partial: rerun the sweep with its --preset to write it again")
+    if unknown := [k for k in record if k not in names]: raise ValueError(f"{path} has fields this version does not know ({', '.join(unknown)})")
+    try: preset = Preset(**_tuples(record))
+    except (TypeError, ValueError) as e: raise ValueError(f"{path} describes a preset this version cannot rebuild ({e})") from None
     if json.loads(json.dumps(asdict(preset))) != record: raise ValueError(f"{path} describes a preset this version cannot rebuild")
     return preset
 
@@ -112,7 +124,7 @@ def collect(out: Path,                    # the sweep's output directory
     preset = preset or preset_from_record(out)
     records, missing = [], []
     for s in plan(preset):
-        if finished(out, s): records.append(read_json(RunDir(Path(out) / "runs" / s.key).metrics))
+        if (record := finished_record(out, s)) is not None: records.append(record)  # the sweep's own record (its key), its checkpoint readable
         else: missing.append(s.key)
     return records, missing
 
@@ -233,9 +245,11 @@ def submit_sweep(out: Path,              # the sweep's output directory (made if
                 ) -> dict:               # cluster, jobs submitted, failures, cells missing
     "Submit the unfinished cells of `preset` as jobs, one per pack of up to `group_size` cells, and wait for them unless `cfg.no_wait`; returns the cluster, the jobs submitted and failed, and the cells missing."
     cluster = resolve_cluster(cfg)
-    out = Path(out).resolve(); out.mkdir(parents=True, exist_ok=True)
+    out = Path(out).resolve(); check_sweep_dir(out)
+    try: check_writable(Path(cfg.jobs_folder or out / "jobs"))  # before anything is written: submitit makes it only when it submits
+    except ValueError as e: raise ClusterError(f"--jobs-folder: {e}") from None
     specs = plan(preset)
-    if force: clear_cells(out, specs)
+    if force: clear_held_cells(out, specs)
     record_preset(out, preset)
     queue, ex = unfinished_packs(out, specs, group_size), make_executor(cfg, out, preset, cluster)
     n_cells, n_jobs = sum(map(len, queue)), len(queue)

@@ -22,7 +22,8 @@ import torch
 from .base import FrozenReference, gate_failures
 from .model import ModelConfig
 from .objective import OBJECTIVE_NAMES, objectives
-from .runs import (RunConfig, RunDir, atomic_write_bytes, atomic_write_json, environment_record, file_lock, load_checkpoint, prepare_base,
+from .runs import (RunConfig, RunDir, atomic_write_bytes, atomic_write_json, check_writable, environment_record, exclusive_run_dir,
+                               file_lock, load_checkpoint, prepare_base,
                                prepare_gate, prepare_reference_scale, prepare_run, read_json, remove_temporaries, resolve_device, run_vocab)
 from .tasks import Task, make_splits
 from .cli import build_parser, config_from_args
@@ -30,9 +31,10 @@ from .train import BaseGateError, run_metrics, train_run
 from .groups import pack_groups, train_group
 
 # %% auto #0
-__all__ = ['PRESETS', 'Preset', 'RunSpec', 'cell_argv', 'plan', 'plan_cost', 'base_dir', 'lock_path', 'prepare_shared_base',
-           'check_base_gate', 'clear_cells', 'finished', 'record_preset', 'cell_locks', 'run_cell', 'run_group_cells',
-           'run_pack', 'die_with_parent', 'execute']
+__all__ = ['PRESETS', 'SWEEP_FOLDERS', 'Preset', 'RunSpec', 'cell_argv', 'plan', 'plan_cost', 'base_dir', 'lock_path',
+           'prepare_shared_base', 'check_base_gate', 'clear_cells', 'finished_record', 'finished', 'check_sweep_dir',
+           'record_preset', 'cell_locks', 'clear_held_cells', 'run_cell', 'run_group_cells', 'run_pack',
+           'die_with_parent', 'execute']
 
 # %% ../nbs/11_experiments.ipynb #7ef9c87a
 @dataclass(frozen=True)
@@ -164,6 +166,7 @@ def cell_argv(preset: Preset,              # the sweep's sizes
     if objective == "theta": argv += ["--alpha", str(alpha), "--gamma", str(gamma)]
     elif objective in ("tok", "tok_cc", "inv_tok"): argv += ["--gamma", str(gamma)]
     if preset.shared_prefix and latent == "discrete": argv += ["--shared-prefix"]
+    if regime in dict(preset.gate_exceptions): argv += ["--allow-failed-base"]  # the preset says why its base may fail the gate: the command reruns the cell
     return argv
 
 # %% ../nbs/11_experiments.ipynb #ae11107a
@@ -262,18 +265,45 @@ def _stale(rd: RunDir, spec: RunSpec) -> bool:
     "The run directory holds a run made under another configuration."
     return rd.config.exists() and read_json(rd.config).get("config") != json.loads(json.dumps(spec.config.to_dict()))
 
+def finished_record(out: Path,      # the sweep's directory
+                    spec: RunSpec,  # one of its cells
+                   ) -> dict | None:
+    "The cell's metrics record if its run finished under its current configuration (`metrics.json`, written last, holding the cell's key), else None; `ValueError` names a finished cell's damaged checkpoint (one deleted to save space is no damage)."
+    rd = RunDir(Path(out) / "runs" / spec.key)
+    if not rd.metrics.is_file() or _stale(rd, spec): return None
+    record = read_json(rd.metrics)
+    if record.get("key") != spec.key: return None  # another writer's record (basedirected-train on the cell's command.txt): the sweep writes its own
+    if rd.checkpoint.exists() and not isinstance(load_checkpoint(rd.checkpoint).get("model"), dict):  # load_checkpoint names an unreadable file
+        raise ValueError(f"{rd.checkpoint} holds no model; delete it or rerun with --force")
+    return record
+
 def finished(out: Path,      # the sweep's directory
              spec: RunSpec,  # one of its cells
             ) -> bool:
-    "The cell's run finished under its current configuration (`metrics.json` is written last)."
-    rd = RunDir(Path(out) / "runs" / spec.key)
-    return rd.metrics.is_file() and not _stale(rd, spec)
+    "The cell's run finished under its current configuration (`finished_record`)."
+    return finished_record(out, spec) is not None
+
+# %% ../nbs/11_experiments.ipynb #e6026dc6
+SWEEP_FOLDERS = ("runs", "bases", "locks")  # a sweep's directory: one run directory per cell, the shared bases, the processes' locks
+
+def check_sweep_dir(out: Path,  # the sweep's directory (made if absent)
+                   ) -> None:
+    "Make the sweep's directory, or refuse it (`ValueError` naming the path) before anything is written: it, or one of its folders, is a file or cannot be written."
+    out = Path(out)
+    if not str(out).strip(): raise ValueError("--out must name a directory, got an empty string")
+    check_writable(out)
+    for name in SWEEP_FOLDERS:
+        p = out / name
+        if p.exists() and not p.is_dir(): raise ValueError(f"{p} is a file, not a directory (the sweep keeps its {name} there); move it away")
+        if p.is_dir() and not os.access(p, os.W_OK | os.X_OK): raise ValueError(f"{p} is not writable (the sweep keeps its {name} there)")
+    out.mkdir(parents=True, exist_ok=True)
 
 # %% ../nbs/11_experiments.ipynb #eeb480ef
 def record_preset(out: Path,       # the sweep's directory
                   preset: Preset,
                  ) -> None:
     "`preset.json`: the sweep's grid and environment, written before any cell (`--collect` rebuilds the preset from it)."
+    check_sweep_dir(out)
     atomic_write_json(Path(out) / "preset.json", {"preset": asdict(preset), "environment": environment_record(preset.seeds[0])})
 
 # %% ../nbs/11_experiments.ipynb #849c8993
@@ -284,7 +314,8 @@ def _open_cell(out: Path, spec: RunSpec, force: bool) -> RunDir | dict:
     if stale: print(f"{spec.key}: its configuration changed; rerunning it")
     if force or stale:
         for f in rd.files(): f.unlink(missing_ok=True)
-    if rd.metrics.exists(): return read_json(rd.metrics)
+    if (record := finished_record(out, spec)) is not None: return record
+    rd.metrics.unlink(missing_ok=True)  # not the sweep's record: the cell's run is completed (or resumed) and its record written again
     rd.path.mkdir(parents=True, exist_ok=True); remove_temporaries(rd.path)  # the cell's lock is held: any temporary is a killed writer's
     for name in ("base.pt", "reference_scale.json", "base_gate.json"):
         if not (rd.path / name).exists(): shutil.copy(base_dir(out, spec.regime, spec.config.data_seed) / name, rd.path / name)
@@ -311,11 +342,23 @@ def _cell_record(spec: RunSpec, run, final: dict, seconds: float) -> dict:
 def cell_locks(out: Path,             # the sweep's directory
                specs: list[RunSpec],  # the cells to hold
               ) -> ExitStack:
-    "The locks of `specs`' run directories, held until the returned stack closes: one process trains a cell, a second waits for it."
+    "The locks of `specs`' run directories, held until the returned stack closes: one sweep process trains a cell, a second waits for it; a `basedirected-train` running in a cell's directory is refused (`ValueError`), and refuses the sweep's."
     stack = ExitStack()
-    for s in sorted(specs, key=lambda s: s.key):  # one order for every process: two packs that share cells cannot wait on each other
-        stack.enter_context(file_lock(lock_path(out, s.key), f"waiting for another process training {s.key}"))
+    try:
+        for s in sorted(specs, key=lambda s: s.key):  # one order for every process: two packs that share cells cannot wait on each other
+            stack.enter_context(file_lock(lock_path(out, s.key), f"waiting for another process training {s.key}"))
+            stack.enter_context(exclusive_run_dir(Path(out) / "runs" / s.key))
+    except BaseException: stack.close(); raise
     return stack
+
+def clear_held_cells(out: Path,              # the sweep's directory
+                     specs: list[RunSpec],   # the cells to clear
+                    ) -> None:
+    "`clear_cells` under the cells' and their bases' locks: nothing a live process is writing is deleted under it."
+    bases = sorted({base_dir(out, s.regime, s.config.data_seed).name for s in specs})
+    with cell_locks(out, specs), ExitStack() as held:
+        for name in bases: held.enter_context(file_lock(lock_path(out, "base-" + name), f"waiting for another process preparing the base {name}"))
+        clear_cells(out, specs)
 
 # %% ../nbs/11_experiments.ipynb #6dab18e0
 def run_cell(out: Path,              # the sweep's directory
@@ -398,9 +441,9 @@ def execute(out: Path,              # the sweep's directory
     finally: torch.set_num_threads(threads)
 
 def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, progress: bool, group_size: int, compile: bool) -> list[dict]:
-    out = Path(out); out.mkdir(parents=True, exist_ok=True)
+    out = Path(out); check_sweep_dir(out)
     specs = plan(preset)
-    if force: clear_cells(out, specs)
+    if force: clear_held_cells(out, specs)
     record_preset(out, preset)
     from tqdm.auto import tqdm
     shared = {(s.regime, s.config.data_seed): s for s in specs}

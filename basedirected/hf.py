@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from .metrics import (alignment_record, code_perplexity, entropy, generation_sco
 from .model import Batch, EncodedExamples, layout_tokens, response_nll
 from .objective import ReconstructionLossConfig
 from .runs import (ADAPT_MODES, OPTIMIZERS, AdaptConfig, HFRunConfig, Run, RunDir, atomic_write_json, barrier, check_run_dir,
-                               distributed_setup, environment_record, gather_floats, load_checkpoint, load_trained_state, read_json,
+                               distributed_setup, environment_record, exclusive_run_dir, gather_floats, load_checkpoint, load_trained_state, read_json,
                                read_reference_scale)
 from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, make_task
@@ -212,13 +213,21 @@ def pairs_to_examples(vocab: HFVocab,              # the backbone's tokenizer wi
                       records: list[PairRecord],
                       strategies: tuple[str, ...] | None = None,  # strategy names (index = s); None: sorted names of `records`
                      ) -> tuple[list[Example], tuple[str, ...]]:  # examples with token strings as x and y, and the names
-    "Tokenize each record's prompt and response into an `Example` (strategy index -1 where unknown)."
+    "Tokenize each record's prompt and response into an `Example` (strategy index -1 where unknown); `ValueError` names a record with an empty response, a layout token written in its text, or text the tokenizer can only write as its unknown token."
     if strategies is None: strategies = tuple(sorted({r.strategy for r in records if r.strategy is not None}))
     index = {s: i for i, s in enumerate(strategies)}
+    layout = (*LAYOUT_SPECIALS, *(f"<z{k + 1}>" for k in range(vocab.n_latent)))
     out = []
     for i, r in enumerate(records):
         if r.strategy is not None and r.strategy not in index: raise ValueError(f"record {i + 1}: strategy {r.strategy!r} is not one of {strategies}")
-        out.append(Example(vocab.tokenize(r.prompt), vocab.tokenize(r.response), -1 if r.strategy is None else index[r.strategy]))
+        x, y = vocab.tokenize(r.prompt), vocab.tokenize(r.response)
+        for part, text, toks in (("prompt", r.prompt, x), ("response", r.response, y)):
+            if (t := next((t for t in layout if t in text), None)): raise ValueError(f"record {i + 1}: the {part} contains {t!r}, a token of the CVAE's layout; remove it from the data")
+            unk = vocab.tokenizer.unk_token
+            if unk is not None and unk in toks and unk not in text:
+                raise ValueError(f"record {i + 1}: the tokenizer writes part of the {part} ({text[:40]!r}) as its unknown token {unk!r}")
+        if not y: raise ValueError(f"record {i + 1}: the response is empty (a CVAE reconstructs the response: nothing to learn from)")
+        out.append(Example(x, y, -1 if r.strategy is None else index[r.strategy]))
     return out, tuple(strategies)
 
 def encode_examples(vocab: HFVocab,
@@ -598,11 +607,17 @@ def hf_run(run_dir,                            # the run directory (made if abse
            metrics: bool = True,               # write metrics.json once the run is complete
            resume_without_log: bool = False,   # a checkpoint without its log.jsonl may resume
           ) -> dict:                           # the final held-out terms, and the metrics as metric_*
-    "A complete run in `run_dir` on one process or under `torchrun`; at the last step rank 0 writes `eval.json` and `metrics.json`."
-    run = prepare_hf_run(run_dir, config, device, resume_without_log)
-    (final,) = fit([run], progress=progress, stop_after=stop_after)
-    if isinstance(final, Exception): raise final
-    if run.rank != 0 or not metrics or (stop_after is not None and stop_after < config.train.steps): return final
+    "A complete run in `run_dir` on one process or under `torchrun`; at the last step rank 0 writes `eval.json` and `metrics.json` (kept if a rerun finds it). Rank 0 holds the directory (`exclusive_run_dir`) from before its first write."
+    main = int(os.environ.get("RANK", "0")) == 0
+    with exclusive_run_dir(run_dir) if main else contextlib.nullcontext():
+        run = prepare_hf_run(run_dir, config, device, resume_without_log)
+        (final,) = fit([run], progress=progress, stop_after=stop_after)
+        if isinstance(final, Exception): raise final
+        if run.rank != 0 or not metrics or (stop_after is not None and stop_after < config.train.steps): return final
+        m = read_json(run.dir.metrics) if run.dir.metrics.exists() else _write_hf_metrics(run, config)
+        return {**final, **{f"metric_{k}": v for k, v in m.items()}}
+
+def _write_hf_metrics(run: Run, config: HFRunConfig) -> dict:
     beta = run.kl_weight(config.train.steps)
     m = hf_metrics(run.model, run.eval_rows, run.eval_cache, torch.tensor([e.strategy for e in run.held_out]), run.c_ref, config.loss, beta)
     if config.task is not None:  # the task's checker reads generations under the router and under each forced code
@@ -612,4 +627,4 @@ def hf_run(run_dir,                            # the run directory (made if abse
     m["eval_split"] = "eval_data" if config.eval_data else "train"
     m = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in m.items()}  # JSON has no NaN
     atomic_write_json(run.dir.metrics, m)
-    return {**final, **{f"metric_{k}": v for k, v in m.items()}}
+    return m

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from .base import SurprisalCache, response_budget, sample_responses
+from .conventions import value_checks_enabled
 from .cvae import DiscreteCVAE, posterior_forward
 from .objective import ReconstructionLossConfig, loss_token_weights
 from .distributions import gaussian_log_density
@@ -33,7 +34,9 @@ __all__ = ['ALIGNMENT_RULES', 'NULL_SAMPLES', 'entropy', 'latent_information', '
 def entropy(p: torch.Tensor,   # probabilities, summing to 1 along `dim`
             dim: int = -1,     # the axis of the distribution
            ) -> torch.Tensor:  # nats, `p`'s shape without `dim`
-    "Shannon entropy in nats along `dim` ($0\\log 0 = 0$)."
+    "Shannon entropy in nats along `dim` ($0\\log 0 = 0$); `ValueError` for a negative or non-finite probability."
+    if value_checks_enabled() and p.numel() and not bool((torch.isfinite(p) & (p >= -1e-6)).all()):  # -1e-6: round-off of a softmax
+        raise ValueError(f"entropy needs probabilities (finite, >= 0), got values down to {p.min().item():.3g}")
     return -(p * p.clamp_min(1e-30).log()).sum(dim)
 
 def _posteriors(q: torch.Tensor) -> torch.Tensor:
@@ -54,6 +57,7 @@ def strategy_information(q: torch.Tensor,           # (N, K) posteriors q(z|x,y)
     "$I(z;s)$ from the expected joint of codes and true strategies (rows whose strategy is unknown, < 0, left out); divided by $H(s)$ when `normalized`."
     q = _posteriors(q)
     if strategies.shape != q.shape[:1]: raise ValueError(f"strategies must hold one label per row of q, shape ({len(q)},), got {tuple(strategies.shape)}")
+    if bool((strategies < -1).any()): raise ValueError(f"strategies must be >= 0 (known) or -1 (unknown), got {int(strategies.min())}")
     known = strategies >= 0
     if not bool(known.any()): raise ValueError("strategy_information needs at least one row with a known strategy (>= 0)")
     q, strategies = q[known], strategies[known]
@@ -157,6 +161,8 @@ def information_gain(distortion: torch.Tensor,  # (N,) per-example mean token lo
                      base: torch.Tensor,        # (N,) per-example mean base surprisal b, nats/token
                     ) -> dict[str, float]:      # gain_abs and gain_frac
     "Absolute ($\\bar b - \\bar\\ell$, nats/token) and fractional ($1 - \\bar\\ell/\\bar b$) information gain from $z$."
+    if distortion.shape != base.shape or distortion.dim() != 1 or not len(base):
+        raise ValueError(f"distortion and base must be (N,) tensors of one length N >= 1, got shapes {tuple(distortion.shape)} and {tuple(base.shape)}")
     b, l = base.mean().item(), distortion.mean().item()
     return {"gain_abs": b - l, "gain_frac": 1 - l / b if b > 0 else float("nan")}
 

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 
-from .conventions import check_nonnegative, check_positive, check_unit_interval, value_checks_enabled
+from .conventions import NEGATIVE_SURPRISAL_TOLERANCE, check_nonnegative, check_positive, check_unit_interval, value_checks_enabled
 from .reconstruction import TERM_NAMES, TERM_SPECS, reconstruction_terms, resolve_term
 from .weights import ReferenceWeights, reference_weights
 
@@ -154,6 +154,14 @@ def objectives(alpha: float = 0.5,  # paper alpha of `theta`
 OBJECTIVE_NAMES: tuple[str, ...] = tuple(objectives())
 
 # %% ../nbs/04_objective.ipynb #cc6d0908
+def _checked_kl(kl: torch.Tensor) -> torch.Tensor:
+    "`kl`, refused (`ValueError`) if it holds NaN, inf or a value below zero beyond round-off: a KL divergence is >= 0."
+    if value_checks_enabled():
+        if not bool(torch.isfinite(kl.detach()).all()): raise ValueError("kl has NaN or inf")
+        if kl.numel() and bool((kl.detach() < -NEGATIVE_SURPRISAL_TOLERANCE).any()):
+            raise ValueError(f"kl must be >= 0 (a KL divergence), got {kl.detach().min().item():.3g}")
+    return kl
+
 def objective(nll: torch.Tensor,       # E_q[l_t], (B, T) response coordinates
               base_nll: torch.Tensor,  # frozen-base surprisal b_t, (B, T)
               mask: torch.Tensor,      # 0/1 over response tokens, (B, T)
@@ -167,7 +175,7 @@ def objective(nll: torch.Tensor,       # E_q[l_t], (B, T) response coordinates
     "Training loss $\\sum_k \\lambda_k R_k + \\beta\\,\\mathrm{KL}$ and every term for logging."
     beta = check_nonnegative(beta, "beta")
     if kl.dim() != 1 or kl.shape[0] != nll.shape[0]: raise ValueError(f"kl must have shape ({nll.shape[0]},), got {tuple(kl.shape)}")
-    if value_checks_enabled() and not bool(torch.isfinite(kl.detach()).all()): raise ValueError("kl has NaN or inf")
+    _checked_kl(kl)
     if kl_for_loss is not None and value_checks_enabled() and not bool(torch.isfinite(kl_for_loss.detach()).all()): raise ValueError("kl_for_loss has NaN or inf")
     terms = reconstruction_terms(nll, base_nll, mask, c_ref, alpha=config.alpha, gamma=config.gamma,
                                  token_reduction=config.token_reduction, topk_fraction=config.topk_fraction,
@@ -180,10 +188,6 @@ def objective(nll: torch.Tensor,       # E_q[l_t], (B, T) response coordinates
 def j_theta(terms: dict[str, torch.Tensor], kl: torch.Tensor, beta: float) -> torch.Tensor:
     "$\\mathcal J_\\theta = \\mathcal R_\\theta + \\beta\\,\\mathrm{KL}$ (note 000), from `reconstruction_terms` and per-example KL."
     return terms["theta"] + check_nonnegative(beta, "beta") * _checked_kl(kl).mean()
-
-def _checked_kl(kl: torch.Tensor) -> torch.Tensor:
-    if value_checks_enabled() and not bool(torch.isfinite(kl.detach()).all()): raise ValueError("kl has NaN or inf")
-    return kl
 
 def j_celbo(terms: dict[str, torch.Tensor], kl: torch.Tensor, beta: float) -> torch.Tensor:
     "$\\mathcal J_{\\mathrm{cELBO}} = R_{\\mathrm{std}} + \\beta\\,\\mathrm{KL}$ (note 000), the negative conditional ELBO."

@@ -103,7 +103,7 @@ def markdown_table(rows: list[dict],         # `aggregate`'s rows
     head = ["regime", "latent", "posterior", "K", "objective", "KL weight", "seeds", *metrics]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        weight = (f"τ {r['tau_target']:g}" if r.get("tau_target") is not None else f"β {r['beta_target']:g}") + _clip_tag(r)
+        weight = (f"τ {r['tau_target']:g}" if r.get("tau_target") is not None else f"β {r['beta_target']:g}" if r.get("beta_target") is not None else "—") + _clip_tag(r)
         cells = [r["regime"], r["latent"], str(r.get("posterior", "")), str(r.get("K", "")), r["objective"], weight, str(r["seeds"])]
         for m in metrics:
             if m not in r: cells.append("—"); continue
@@ -372,7 +372,7 @@ def figure_gain_per_position(out: Path,               # the sweep's output direc
     "Mean information gain $b_t - \\ell_t$ per response position, per objective, at its cell of smallest τ (mean over seeds)."
     import matplotlib.pyplot as plt
     recs = [read_json(rd.metrics) for rd in run_dirs(out) if rd.metrics.exists()]
-    recs = [r for r in recs if r.get("regime") == regime and r.get("gain_per_position")]
+    recs = [r for r in recs if r.get("key") is not None and r.get("regime") == regime and r.get("gain_per_position")]  # the sweep's own records
     fig, ax = plt.subplots(figsize=(6, 3.2))
     for lab, cells in _runs_by_label(recs).items():
         rs = next(iter(cells.values()))  # the cell of smallest mean tau
@@ -520,7 +520,7 @@ def repro_main(argv: list[str] | None = None,  # command-line arguments (None: t
     "Console entry point `basedirected-repro`."
     p = argparse.ArgumentParser(prog="basedirected-repro", description="Reproduce the synthetic-sequence experiments: base pre-training, "
                                 "c_theta, every objective of the preset, metrics, tables and figures.")
-    p.add_argument("--preset", choices=tuple(PRESETS), default="quick", help="; ".join(f"{n}: {p.about}" for n, p in PRESETS.items()))
+    p.add_argument("--preset", choices=tuple(PRESETS), default=None, help="(default quick) " + "; ".join(f"{n}: {p.about}" for n, p in PRESETS.items()))
     p.add_argument("--out", default=None, help="output directory (default runs/repro-<preset>)")
     p.add_argument("--collect", action="store_true", help="train nothing: build the tables and figures of the sweep in --out from the cells "
                    "that have finished (its preset is read from OUT/preset.json), and name the cells that are missing")
@@ -533,6 +533,12 @@ def repro_main(argv: list[str] | None = None,  # command-line arguments (None: t
     p.add_argument("--compile", action="store_true", help="compile each group's step with torch.compile (GPU; the first step pays the compile time)")
     add_dataclass_options(p, ClusterConfig, {"executor": EXECUTORS, "cluster": CLUSTERS}, "executor (where the cells run)")
     a = p.parse_args(argv)
+    if a.collect and a.preset is not None and a.out is not None and (Path(a.out) / "preset.json").is_file():
+        try: recorded = read_json(Path(a.out) / "preset.json").get("preset", {}).get("name")
+        except ValueError as e: p.error(str(e))
+        if recorded != a.preset: p.error(f"--preset {a.preset}: the sweep in {a.out} was made with preset {recorded} (--collect reads it from preset.json; drop --preset)")
+    a.preset = a.preset or "quick"
+    if a.out is not None and not a.out.strip(): p.error("--out must name a directory, got an empty string")
     try: cluster = dataclass_from_args(ClusterConfig, a)
     except ValueError as e: p.error(str(e))
     if a.jobs is not None and (a.jobs < 1 or cluster.executor != "pool"):
@@ -556,6 +562,8 @@ def repro_main(argv: list[str] | None = None,  # command-line arguments (None: t
     try: records, missing, summary = _run_sweep(a, out, cluster, jobs, group_size)
     except (ValueError, OSError, NonFiniteError, ClusterError) as e:  # a damaged file, a base the gate refuses, a full disk: named in one line
         p.exit(2, f"basedirected-repro: error: {e}\n")
+    except KeyboardInterrupt:  # every finished cell is on disk, every other resumes from its last checkpoint
+        p.exit(130, f"basedirected-repro: interrupted; finished cells are kept and a rerun of the same command resumes the others\n")
     if summary is None: return 0  # submitted without waiting
     wall = time.perf_counter() - t0
     if records: write_reports(out, records, {**summary, "wall_seconds": wall, "missing": missing})

@@ -32,12 +32,12 @@ from .metrics import MetricsConfig, break_even_beta
 from .model import EncodedExamples, ModelConfig, TinyCausalLM, layout_tokens
 from .objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig
 from .surprisal import ReferenceScale, estimate_reference_scale
-from .tasks import Example, Task, Vocab, make_splits, task_class, task_from_dict
+from .tasks import Example, Task, Vocab, check_task, make_splits, task_class, task_from_dict
 from .visiting_order import VisitingOrder
 
 # %% auto #0
-__all__ = ['LR_SCHEDULES', 'ADAPT_MODES', 'OPTIMIZERS', 'TrainConfig', 'RunConfig', 'AdaptConfig', 'HFRunConfig', 'RunDir',
-           'atomic_write_bytes', 'atomic_write_json', 'atomic_torch_save', 'load_checkpoint', 'read_json',
+__all__ = ['LR_SCHEDULES', 'MAX_KL_WEIGHT', 'ADAPT_MODES', 'OPTIMIZERS', 'TrainConfig', 'RunConfig', 'AdaptConfig', 'HFRunConfig',
+           'RunDir', 'atomic_write_bytes', 'atomic_write_json', 'atomic_torch_save', 'load_checkpoint', 'read_json',
            'trained_state', 'load_trained_state', 'file_lock', 'exclusive_run_dir', 'remove_temporaries', 'read_log',
            'truncate_log', 'environment_record', 'resolve_device', 'run_vocab', 'distributed_setup', 'barrier',
            'gather_floats', 'shard_indices', 'load_base', 'prepare_base', 'prepare_reference_scale', 'prepare_gate',
@@ -46,6 +46,7 @@ __all__ = ['LR_SCHEDULES', 'ADAPT_MODES', 'OPTIMIZERS', 'TrainConfig', 'RunConfi
 
 # %% ../nbs/09_runs.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
+MAX_KL_WEIGHT = 1e6  # beyond it beta KL swamps the reconstruction (a nat or so) below float32's 7 digits, and overflows towards float32's 3.4e38
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -80,6 +81,9 @@ class TrainConfig:
         if self.lr_schedule not in LR_SCHEDULES: raise ValueError(f"lr_schedule must be {' or '.join(map(repr, LR_SCHEDULES))}, got {self.lr_schedule!r}")
         check_unit_interval(self.lr_min_ratio, "lr_min_ratio")
         if self.tau is not None: check_nonnegative(self.tau, "tau")
+        for name, v in (("beta", self.beta.beta), ("tau", self.tau)):
+            if v is not None and v > MAX_KL_WEIGHT: raise ValueError(f"{name} must be <= {MAX_KL_WEIGHT:g} (a KL weight that large leaves no reconstruction "
+                                                                     f"in float32 and can overflow the loss), got {v:g}")
 
     def lr_at(self, step: int) -> float:
         "Learning rate of `step`: linear warm-up, then constant or cosine decay."
@@ -117,8 +121,9 @@ class RunConfig:
     def __post_init__(self):
         for name in ("seed", "base_seed"):
             v = getattr(self, name)
-            if (v is not None or name == "seed") and (not isinstance(v, int) or not 0 <= v < 2**31): raise ValueError(f"{name} must be an integer in [0, 2**31), got {v!r}")
-        if not isinstance(self.threads, int) or self.threads < 0: raise ValueError(f"threads must be an integer >= 0, got {self.threads!r}")
+            if (v is not None or name == "seed") and (type(v) is not int or not 0 <= v < 2**31): raise ValueError(f"{name} must be an integer in [0, 2**31), got {v!r}")
+        # `type`, not isinstance: True is an int to Python
+        if type(self.threads) is not int or self.threads < 0: raise ValueError(f"threads must be an integer >= 0, got {self.threads!r}")
         if self.train.tau is not None:
             probe = self.task.generate(1, 0)[0]
             if self.task.ideal_surprisal(probe) is None or self.task.oracle_surprisal(probe) is None:
@@ -253,11 +258,15 @@ def atomic_write_json(path: Path,  # the file to (re)place
 
 def atomic_torch_save(path: Path,  # the file to (re)place
                       obj):        # what `torch.save` writes
-    "`torch.save` through a temporary file and an atomic rename."
+    "`torch.save` through a temporary file and an atomic rename; a failed write is an `OSError` naming `path` and its cause (a full disk: 'No space left on device')."
     path = Path(path); tmp = _tmp_name(path)
     try:
-        try: torch.save(obj, tmp)
-        except RuntimeError as e:  # torch's writer reports a full disk or a failed write as RuntimeError
+        try:
+            with open(tmp, "wb") as f:  # a Python file: its write's OSError (ENOSPC) is what torch's writer failed on
+                torch.save(obj, f); f.flush(); os.fsync(f.fileno())
+        except RuntimeError as e:  # torch's writer reports a failed write as RuntimeError ("enforce fail at inline_container.cc")
+            cause = e.__context__ if isinstance(e.__context__, OSError) else None
+            if cause is not None: raise OSError(cause.errno, f"could not write it ({cause.strerror})", str(path)) from e
             raise OSError(errno.EIO, f"could not write it ({str(e).strip().splitlines()[-1]})", str(path)) from e
         os.replace(tmp, path)
     finally:
@@ -313,16 +322,34 @@ def file_lock(path: Path,                # the lock file (created, with its fold
         try: yield
         finally: fcntl.flock(f, fcntl.LOCK_UN)
 
+_HELD_DIRS: dict[tuple[int, int], int] = {}  # (device, inode) of the run directories this process holds -> how many holders
+
 @contextmanager
-def exclusive_run_dir(path: Path):  # a run directory (nothing to hold if it does not exist yet)
-    "Hold the run directory `path` (a lock on the directory itself) and clear a killed writer's temporary files; `ValueError` if another process holds it. A directory not yet made needs no lock."
-    if not Path(path).is_dir(): yield; return
+def exclusive_run_dir(path: Path):  # a run directory (made, with its parents, if absent)
+    "Hold the run directory `path` for the block (a lock on the directory itself, taken before anything is written: the directory is made first, and removed again if the block leaves it empty) and clear a killed writer's temporary files; `ValueError` if another process holds it. Within one process it nests (a front end holds the directory, then the API it calls)."
+    path = Path(path)
+    made = not path.exists()
+    if not made and not path.is_dir(): raise ValueError(f"{path} is a file, not a directory")
+    if (p := next((p for p in path.parents if p.exists()), None)) is not None and not p.is_dir(): raise ValueError(f"{path}: {p} is a file, not a directory")
+    try: path.mkdir(parents=True, exist_ok=True)
+    except OSError as e: raise ValueError(f"{path}: cannot make the run directory ({e.strerror or e})") from None
+    st = os.stat(path); key = (st.st_dev, st.st_ino)
+    if key in _HELD_DIRS:
+        _HELD_DIRS[key] += 1
+        try: yield
+        finally: _HELD_DIRS[key] -= 1
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError: raise ValueError(f"{path}: another process is running in this run directory; wait for it to end or stop it") from None
-        remove_temporaries(path)
-        yield
+        _HELD_DIRS[key] = 1
+        try:
+            remove_temporaries(path)
+            yield
+        finally:
+            del _HELD_DIRS[key]
+            if made and path.is_dir() and not any(path.iterdir()): path.rmdir()  # refused before writing: leave no trace
     finally: os.close(fd)
 
 def remove_temporaries(directory: Path,  # a run directory (or a shared base's)
@@ -556,6 +583,9 @@ class Run:
         "The KL weight of `step` ([`TrainConfig.kl_weight`](#TrainConfig.kl_weight), τ resolved with this run's $\\beta^\\star$)."
         tc = self.config.train
         if tc.tau is not None and not self.beta_star: raise ValueError(f"tau needs a positive break-even beta*, got {self.beta_star} (task {self.task.name})")
+        target = tc.tau * self.beta_star if tc.tau is not None else tc.beta.beta * (self.c_ref if tc.beta_times_c_ref else 1.0)  # the schedule's top
+        if target > MAX_KL_WEIGHT: raise RunInputError(f"the KL weight resolves to {target:g} (" + (f"tau {tc.tau:g} x beta* {self.beta_star:g}" if tc.tau is not None
+                                                       else f"beta x c_theta {self.c_ref:g}") + f"), above {MAX_KL_WEIGHT:g}: give a smaller --tau or --beta")
         return tc.kl_weight(step, self.c_ref, self.beta_star if tc.tau is not None else None)
     @cached_property
     def gate(self) -> dict: return prepare_gate(self.dir.path, self.base, self.vocab, self.config, self.held_out, self.device)
@@ -649,7 +679,10 @@ def prepare_run(run_dir: Path,                     # the run directory (made if 
     rank, world, device = distributed_setup(device)
     if rank == 0: check_run_dir(rd.path, config, resume_without_log)
     if config.threads: torch.set_num_threads(config.threads)
-    train, held_out = make_splits(config.task, config.n_train, config.n_eval, seed=config.data_seed)
+    try:
+        check_task(config.task)  # a task of the user's own is exercised before anything is written
+        train, held_out = make_splits(config.task, config.n_train, config.n_eval, seed=config.data_seed)  # e.g. too few distinct inputs
+    except ValueError as e: raise RunInputError(f"task {config.task.name}: {e}") from None
     check_sequence_lengths(config, train + held_out)  # before anything is written
     vocab = run_vocab(config)
     if rank == 0:
@@ -664,7 +697,7 @@ def prepare_run(run_dir: Path,                     # the run directory (made if 
     torch.manual_seed(config.seed)
     model = build_cvae(base, vocab, config.cvae, seed=config.seed).to(device)
     run = Run(rd, config, device, vocab, train, held_out, base, scale, model, rank=rank, world=world)
-    if config.train.tau is not None: run.beta_star  # resolved before any training, so a task without a break-even fails here
+    run.kl_weight(config.train.steps)  # resolved before any training: a task without a break-even, or a weight that overflows, fails here
     return run
 
 # %% ../nbs/09_runs.ipynb #8fa6cc9a

@@ -19,8 +19,8 @@ import torch
 
 # %% auto #0
 __all__ = ['SPECIALS', 'Example', 'TaskCheck', 'wilson_interval', 'rate_record', 'prefix_surprisal', 'Task', 'task_from_dict',
-           'task_class', 'make_task', 'Vocab', 'make_splits', 'epoch_permutation', 'batch_indices', 'example_record',
-           'export_jsonl']
+           'task_class', 'make_task', 'Vocab', 'check_task', 'make_splits', 'epoch_permutation', 'batch_indices',
+           'example_record', 'export_jsonl']
 
 # %% ../nbs/05_tasks.ipynb #c7a84b6f
 @dataclass(frozen=True)
@@ -155,14 +155,17 @@ def task_from_dict(d: dict) -> Task:
 def task_class(spec: str,  # a registered name (`Task.registry`), or `module:Class` for a `Task` subclass of your own
               ) -> type:
     "The task class `spec` names; `module:Class` imports the module (from the working directory too, as `python -m` would)."
+    if not isinstance(spec, str): raise TypeError(f"a task is named by a string (a registered name or module:Class), got {spec!r}")
     if ":" not in spec:
         if spec not in Task.registry:
             raise ValueError(f"unknown task {spec!r}: one of {', '.join(sorted(Task.registry))}, or module:Class for a Task subclass of your own")
         return _canonical(Task.registry[spec])
     module, _, qualname = spec.partition(":")
+    if not module.strip() or not qualname.strip(): raise ValueError(f"task {spec!r}: module:Class needs both a module and a class name, e.g. mytasks:Reverse")
     if os.getcwd() not in sys.path: sys.path.insert(0, os.getcwd())
     try: obj = importlib.import_module(module)
     except ImportError as e: raise ValueError(f"task {spec}: cannot import {module!r} ({e})") from None
+    except Exception as e: raise ValueError(f"task {spec}: importing {module!r} failed ({type(e).__name__}: {e})") from None  # the user's module raised
     for part in qualname.split("."): obj = getattr(obj, part, None)
     if not (isinstance(obj, type) and issubclass(obj, Task)): raise ValueError(f"task {spec}: {module} has no Task subclass {qualname!r}")
     if "name" not in vars(obj): raise ValueError(f"task {spec}: {qualname} sets no `name`, so its runs could not be read back")
@@ -207,6 +210,36 @@ class Vocab:
         "Ids of the first `K` latent codes."
         if not 1 <= K <= self.n_latent: raise ValueError(f"K must be in [1, {self.n_latent}], got {K}")
         return [self._ids[f"<z{k + 1}>"] for k in range(K)]
+
+# %% ../nbs/05_tasks.ipynb #a4c0cff3
+def _call(task: Task, method: str, *args):
+    "`task.method(*args)`; `ValueError` names the task and the method when it raises."
+    try: return getattr(task, method)(*args)
+    except Exception as e: raise ValueError(f"task {type(task).__name__}: {method} raised {type(e).__name__}: {e}") from None
+
+def check_task(task: Task,     # a task (above all a module:Class of your own)
+               n: int = 8,     # inputs drawn from the task itself
+               seed: int = 0,  # their seed
+              ) -> None:
+    "Exercise `task` as a run would, on `n` of its own inputs: every strategy rendered, every rendering checked and in the task's tokens; `ValueError` names the method that failed and how."
+    name = type(task).__name__
+    try: tokens = tuple(task.tokens)
+    except Exception as e: raise ValueError(f"task {name}: tokens raised {type(e).__name__}: {e}") from None
+    if not all(isinstance(t, str) for t in tokens): raise ValueError(f"task {name}: tokens must be strings, got {tokens[:5]!r}")
+    known, k, rng = set(SPECIALS) | set(tokens), len(task.strategies), random.Random(seed)
+    for _ in range(n):
+        e = _call(task, "sample", rng)
+        if not isinstance(e, Example): raise ValueError(f"task {name}: sample must return an Example, got {type(e).__name__}")
+        if (bad := next((str(t) for t in e.x if str(t) not in known), None)) is not None: raise ValueError(f"task {name}: sample drew the input item {bad!r}, which is not in its tokens")
+        prior = _call(task, "strategy_prior", e.x)
+        if len(prior) != k or min(prior) < 0 or not sum(prior) > 0: raise ValueError(f"task {name}: strategy_prior must give {k} probabilities >= 0 with a positive sum, got {prior!r}")
+        for s in range(k):
+            y = _call(task, "render", e.x, s)
+            if not isinstance(y, tuple) or not all(isinstance(t, str) for t in y): raise ValueError(f"task {name}: render(x, {s}) must return a tuple of token strings, got {y!r:.80}")
+            if (bad := next((t for t in y if t not in known), None)) is not None: raise ValueError(f"task {name}: render(x, {s}) wrote {bad!r}, which is not in its tokens")
+            c = _call(task, "check", e.x, y)
+            if not isinstance(c, TaskCheck): raise ValueError(f"task {name}: check(x, y) must return a TaskCheck, got {type(c).__name__}")
+            if not (c.valid and s in c.strategies): raise ValueError(f"task {name}: check(x, render(x, {s})) does not read it as a valid trace of strategy {s} (it returned {c})")
 
 # %% ../nbs/05_tasks.ipynb #e904b236
 def make_splits(task: Task,    # the task

@@ -5,6 +5,7 @@
 # %% ../nbs/10_train.ipynb #99c9283e
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -22,8 +23,8 @@ from .conventions import trusted_values
 from .cvae import objective_terms, posterior_forward
 from .metrics import break_even_beta, evaluate_model
 from .objective import loss_reference_weights
-from .runs import (Run, RunConfig, atomic_torch_save, atomic_write_json, barrier, gather_floats, load_checkpoint, load_trained_state,
-                               prepare_run, read_json, read_log, shard_indices, trained_state, truncate_log)
+from .runs import (Run, RunConfig, atomic_torch_save, atomic_write_json, barrier, exclusive_run_dir, gather_floats, load_checkpoint,
+                               load_trained_state, prepare_run, read_json, read_log, shard_indices, trained_state, truncate_log)
 from .tasks import batch_indices
 
 # %% auto #0
@@ -303,7 +304,12 @@ def run(run_dir: Path,                     # the run directory (made if absent; 
         shared_prefix: bool = False,       # a discrete CVAE computes its prompt once for all codes
         metrics: bool = False,             # write `run_metrics` to metrics.json once the run is complete
        ) -> dict:                          # the final held-out terms (also in eval.json)
-    "A complete run of the task's small transformer in `run_dir`, on one process or each of torchrun's."
+    "A complete run of the task's small transformer in `run_dir`, on one process or each of torchrun's; rank 0 holds the directory (`exclusive_run_dir`) from before its first write to the last. A `metrics.json` already written (by this call's earlier run, or a sweep's record of the cell) is kept."
+    main = int(os.environ.get("RANK", "0")) == 0
+    with exclusive_run_dir(run_dir) if main else contextlib.nullcontext():
+        return _run(run_dir, config, device, progress, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics)
+
+def _run(run_dir, config, device, progress, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics) -> dict:
     r = prepare_run(run_dir, config, device, progress, resume_without_log)
     if compile: compile_cvae(r.model)
     if shared_prefix and hasattr(r.model, "shared_prefix"): r.model.shared_prefix = True
@@ -311,5 +317,6 @@ def run(run_dir: Path,                     # the run directory (made if absent; 
         if require_gate: raise BaseGateError(gate_message(r.gate, r.dir.gate))
         if r.rank == 0: warnings.warn(f"adapting a CVAE from a base that fails the quality gate ({'; '.join(gate_failures(r.gate))}; {r.dir.gate})", stacklevel=2)
     final = train_run(r, progress, stop_after)
-    if metrics and r.rank == 0 and (stop_after is None or stop_after >= config.train.steps): atomic_write_json(r.dir.metrics, run_metrics(r, final))
+    if metrics and r.rank == 0 and (stop_after is None or stop_after >= config.train.steps) and not r.dir.metrics.exists():
+        atomic_write_json(r.dir.metrics, run_metrics(r, final))
     return final
