@@ -154,7 +154,7 @@ def test_slurm_gets_one_job_array_with_the_requested_resources(tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--executor", "submitit", "--timeout-min", "-5"], "--timeout-min must be > 0, got -5"),
+    (["--executor", "submitit", "--timeout-min", "-5"], "--timeout-min must be a finite number > 0, got -5"),
     (["--executor", "submitit", "--slurm-partition", "gpu;rm"], "--slurm-partition must be partition names"),
     (["--executor", "submitit", "--cluster", "local", "--gpus-per-job", "1"], "has no GPU torch can use"),
     (["--executor", "submitit", "--cluster", "local", "--no-wait"], "--no-wait needs a scheduler"),

@@ -473,3 +473,292 @@ def test_a_run_directory_in_use_is_refused_and_a_rerun_clears_a_killed_writers_t
     assert code == 2 and "another process is running in this run directory" in line and all(p.exists() for p in debris)
     assert cli(tmp_path, capsys=capsys)[0] == 0
     assert not any(p.exists() for p in debris) and (tmp_path / ".notes.txt.tmp1").exists()
+
+
+# --- two processes, one run directory ---------------------------------------------------------------------------------------
+
+TRAIN = "import sys; from basedirected.cli import train_main; sys.exit(train_main(sys.argv[1:]))"
+LONG_BASE = [*TINY[:TINY.index("--base-steps")], "--base-steps", "200000", *TINY[TINY.index("--base-steps") + 2:]]  # busy for minutes
+
+
+def _start(run_dir, *extra):
+    return subprocess.Popen([sys.executable, "-c", TRAIN, "--run-dir", str(run_dir), *LONG_BASE, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _held_elsewhere(path):
+    "Another process holds the run directory's lock (what a second process finds)."
+    import fcntl
+    try: fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError: return False
+    try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); return False
+    except BlockingIOError: return True
+    finally: os.close(fd)
+
+
+def _wait_until(condition, p, timeout=120):
+    deadline = time.time() + timeout
+    while not condition() and time.time() < deadline and p.poll() is None: time.sleep(0.05)
+    assert condition(), f"the first process never got there (exit {p.poll()}): {p.stderr.read() if p.poll() is not None else ''}"
+
+
+def _second(run_dir, *extra):
+    q = subprocess.run([sys.executable, "-c", TRAIN, "--run-dir", str(run_dir), *TINY, *extra], capture_output=True, text=True, timeout=300)
+    return q.returncode, q.stderr.strip().splitlines()
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_second_process_on_a_live_run_directory_is_refused_and_deletes_nothing(tmp_path, existing):
+    "New or existing directory, with or without --force: the first process holds it from before its first write."
+    d = tmp_path / "run"
+    if existing: run(d, tiny(), device="cpu", stop_after=4)  # an existing run the first process resumes
+    first = _start(d, *(["--force"] if existing else []))  # (a resume of a changed configuration needs --force)
+    try:
+        _wait_until(lambda: _held_elsewhere(d) and (d / "config.json").exists(), first)
+        before = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
+        for extra in ([], ["--force"], ["--steps", "2"]):
+            code, err = _second(d, *extra)
+            assert code == 2 and "another process is running in this run directory" in err[-1], err
+        assert first.poll() is None  # the first run goes on
+        assert {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and p.name != "log.jsonl"} == \
+               {k: v for k, v in before.items() if k != "log.jsonl"}  # nothing deleted or replaced
+    finally:
+        first.kill(); first.wait()
+    assert not _held_elsewhere(d)  # the lock dies with its process
+
+
+def test_the_api_holds_the_run_directory_too(tmp_path):
+    from basedirected.runs import exclusive_run_dir
+    d = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from basedirected.runs import exclusive_run_dir\n"
+                               f"with exclusive_run_dir({str(d)!r}): print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ValueError, match="another process is running in this run directory"): run(d, tiny(), device="cpu")
+        with pytest.raises(ValueError, match="another process is running"):
+            with exclusive_run_dir(d): pass
+        assert os.listdir(d) == []
+    finally:
+        holder.kill(); holder.wait()
+    run(d, tiny(), device="cpu", stop_after=2)  # free again
+
+
+def test_ctrl_c_is_one_line_and_the_rerun_resumes(tmp_path):
+    d = tmp_path / "run"
+    first = _start(d)
+    _wait_until(lambda: (d / "config.json").exists(), first)
+    first.send_signal(signal.SIGINT)
+    _, err = first.communicate(timeout=60)
+    lines = err.strip().splitlines()
+    assert first.returncode == 130 and "Traceback" not in err and lines[-1].startswith("basedirected-train: interrupted; run the same command again"), err
+    assert (d / "config.json").exists()  # what was written stays
+
+
+# --- a user's task, checked before anything is written ------------------------------------------------------------------------
+
+USER_TASKS = '''
+from dataclasses import dataclass
+from basedirected.tasks import Example, Task, TaskCheck
+
+@dataclass(frozen=True)
+class Pair(Task):
+    name = "user_pair"
+    deterministic = True
+    strategies: tuple = ("forward", "backward")
+    @property
+    def tokens(self): return tuple(str(d) for d in range(10))
+    def sample_input(self, rng): return (rng.randrange(10), rng.randrange(10))
+    def render(self, x, strategy, rng=None): return tuple(str(d) for d in (x if strategy == 0 else x[::-1]))
+    def check(self, x, y):
+        ss = tuple(s for s in range(2) if self.render(x, s) == tuple(y))
+        return TaskCheck(bool(ss), ss, bool(ss))
+
+class RenderRaises(Pair):
+    name = "user_render_raises"
+    def render(self, x, strategy, rng=None): raise KeyError("no such digit")
+class RenderList(Pair):
+    name = "user_render_list"
+    def render(self, x, strategy, rng=None): return [str(d) for d in x]
+class RenderUnknown(Pair):
+    name = "user_render_unknown"
+    def render(self, x, strategy, rng=None): return ("ten",)
+class CheckRaises(Pair):
+    name = "user_check_raises"
+    def check(self, x, y): raise ZeroDivisionError("division by zero")
+class CheckNone(Pair):
+    name = "user_check_none"
+    def check(self, x, y): return None
+class CheckWrong(Pair):
+    name = "user_check_wrong"
+    def check(self, x, y): return TaskCheck(True, (1 - int(tuple(y) == self.render(x, 0)),), True)
+'''
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("user_tasks:RenderRaises", "task RenderRaises: sample raised KeyError: 'no such digit'"),
+    ("user_tasks:RenderList", "task RenderList: render(x, 0) must return a tuple of token strings"),
+    ("user_tasks:RenderUnknown", "task RenderUnknown: render(x, 0) wrote 'ten', which is not in its tokens"),
+    ("user_tasks:CheckRaises", "task CheckRaises: check raised ZeroDivisionError: division by zero"),
+    ("user_tasks:CheckNone", "task CheckNone: check(x, y) must return a TaskCheck, got NoneType"),
+    ("user_tasks:CheckWrong", "task CheckWrong: check(x, render(x, 1)) does not read it as a valid trace of strategy 1"),
+    ("broken_module:Pair", "task broken_module:Pair: importing 'broken_module' failed (NameError: name 'undefined_name' is not defined)"),
+    (":Pair", "module:Class needs both a module and a class name"),
+])
+def test_a_users_task_that_cannot_run_is_named_before_anything_is_written(tmp_path, capsys, monkeypatch, spec, message):
+    (tmp_path / "user_tasks.py").write_text(USER_TASKS)
+    (tmp_path / "broken_module.py").write_text("x = undefined_name\n")
+    monkeypatch.chdir(tmp_path); monkeypatch.syspath_prepend(str(tmp_path))
+    code, line = cli(tmp_path / "run", "--task", spec, capsys=capsys)
+    assert code == 2 and message in line, line
+    assert not (tmp_path / "run").exists()  # no config.json, base.pt or reference_scale.json
+
+
+def test_a_users_task_that_works_trains_and_loads_back(tmp_path, capsys, monkeypatch):
+    (tmp_path / "user_tasks.py").write_text(USER_TASKS)
+    monkeypatch.chdir(tmp_path); monkeypatch.syspath_prepend(str(tmp_path))
+    code, line = cli(tmp_path / "run", "--task", "user_tasks:Pair", capsys=capsys)  # 100 inputs in all
+    assert code == 2 and "task user_pair: cannot find enough unseen inputs" in line and not (tmp_path / "run").exists()
+    assert cli(tmp_path / "run", "--task", "user_tasks:Pair", "--n-train", "40", "--n-eval", "16", capsys=capsys)[0] == 0
+
+
+# --- KL weights that overflow --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("extra, message", [
+    (["--beta", "1e308"], "--beta must be <= 1e+06"),
+    (["--tau", "1e308"], "--tau must be <= 1e+06"),
+    (["--beta", "inf"], "--beta must be finite"),
+])
+def test_a_kl_weight_that_cannot_be_finite_is_refused_up_front(tmp_path, capsys, extra, message):
+    code, line = cli(tmp_path / "run", *extra, capsys=capsys)
+    assert code == 2 and message in line, line
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_kl_weight_resolved_above_the_ceiling_is_refused_before_training(tmp_path, monkeypatch):
+    "tau times the task's break-even beta* can pass the ceiling that tau alone does not: refused once beta* is known, before any step."
+    import basedirected.runs as runs
+    from basedirected.runs import RunInputError
+    cfg = tiny("--tau", "0.06")
+    monkeypatch.setattr(runs, "MAX_KL_WEIGHT", 1e-9)  # the ceiling, lowered below any tau x beta*
+    with pytest.raises(RunInputError, match=r"the KL weight resolves to .* \(tau 0.06 x beta\* .*\), above 1e-09: give a smaller --tau or --beta"):
+        run(tmp_path / "run", cfg, device="cpu")
+    assert not (tmp_path / "run" / "checkpoint.pt").exists() and not (tmp_path / "run" / "log.jsonl").exists()
+
+
+# --- a full disk, said as such --------------------------------------------------------------------------------------------------
+
+def test_a_full_disk_in_torch_save_says_no_space_left(tmp_path, monkeypatch):
+    "torch's writer wraps the file's ENOSPC in a RuntimeError ('enforce fail at inline_container.cc'); the package names the cause."
+    from basedirected.runs import atomic_torch_save
+    real_save = torch.save
+    def torch_like(obj, f, *a, **k):  # what torch does when the file's write fails: the OSError is the RuntimeError's context
+        f.write(b"x" * 10)
+        try: raise OSError(errno.ENOSPC, "No space left on device")  # the file's write, as torch's writer calls it
+        except OSError: raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    monkeypatch.setattr(torch, "save", torch_like)
+    with pytest.raises(OSError) as e: atomic_torch_save(tmp_path / "checkpoint.pt", {"a": torch.zeros(3)})
+    assert e.value.errno == errno.ENOSPC and "No space left on device" in str(e.value) and e.value.filename == str(tmp_path / "checkpoint.pt")
+    assert os.listdir(tmp_path) == []
+    monkeypatch.setattr(torch, "save", real_save)
+
+
+def _mount_tmpfs(path, size):
+    path.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small file system here (needs root)")
+
+
+def test_a_really_full_disk_during_a_checkpoint_is_one_line_naming_the_cause(tmp_path, capsys):
+    d = tmp_path / "small"
+    _mount_tmpfs(d, "4m")
+    try:
+        run(d / "run", tiny(), device="cpu", stop_after=4)
+        before = (d / "run" / "checkpoint.pt").read_bytes()
+        with open(d / "filler", "wb") as f:  # leave 16 KiB: the log's lines fit, a checkpoint does not
+            free = os.statvfs(d).f_bavail * os.statvfs(d).f_frsize
+            f.write(b"\0" * max(free - 16384, 0))
+        code, line = cli(d / "run", capsys=capsys)
+        assert code == 2 and "No space left on device" in line and "enforce fail" not in line, line
+        assert (d / "run" / "checkpoint.pt").read_bytes() == before and not [p for p in os.listdir(d / "run") if ".tmp" in p]
+        (d / "filler").unlink()
+        assert cli(d / "run", capsys=capsys)[0] == 0  # the disk grown again: it resumes
+    finally:
+        subprocess.run(["umount", str(d)])
+
+
+# --- a sweep's cell and basedirected-train -------------------------------------------------------------------------------------
+
+def _cell_command(out, key):
+    import shlex
+    argv = shlex.split((out / "runs" / key / "command.txt").read_text())
+    assert argv[0] == "basedirected-train" and argv[1] == "--run-dir"
+    return ["--run-dir", str(out / "runs" / key), *argv[3:]]  # the copy's cell, not the sweep's it was copied from
+
+
+def test_rerunning_a_finished_cells_command_keeps_the_sweeps_record(smoke_dir, tmp_path, capsys):
+    import shutil
+    from basedirected.experiments import PRESETS, plan
+    from basedirected.reports import repro_main
+    out = tmp_path / "sweep"; shutil.copytree(smoke_dir, out)
+    key = plan(PRESETS["smoke"])[0].key
+    rd = RunDir(out / "runs" / key)
+    before = rd.metrics.read_bytes()
+    assert train_main(_cell_command(out, key)) == 0
+    assert rd.metrics.read_bytes() == before  # the sweep's record (key, K, beta ...) stays
+    assert repro_main(["--collect", "--out", str(out)]) == 0
+
+
+def test_a_cell_record_another_writer_left_is_rewritten_by_the_sweep_and_collect_never_tracebacks(smoke_dir, tmp_path, capsys):
+    import shutil
+    from basedirected.experiments import PRESETS, plan
+    from basedirected.reports import repro_main
+    out = tmp_path / "sweep"; shutil.copytree(smoke_dir, out)
+    key = plan(PRESETS["smoke"])[0].key
+    rd = RunDir(out / "runs" / key)
+    sweeps = json.loads(rd.metrics.read_text())
+    rd.metrics.write_text(json.dumps({k: v for k, v in sweeps.items() if k not in ("key", "K", "beta")}))  # basedirected-train's record
+    assert repro_main(["--collect", "--out", str(out)]) == 1  # not the sweep's: the cell is missing, named, no TypeError
+    assert key in capsys.readouterr().out
+    assert repro_main(["--preset", "smoke", "--out", str(out), "--quiet", "--jobs", "1"]) == 0  # the sweep completes it again
+    again = json.loads(rd.metrics.read_text())
+    assert {k: v for k, v in again.items() if k != "seconds"} == {k: v for k, v in sweeps.items() if k != "seconds"}
+
+
+def test_a_sweep_and_basedirected_train_never_share_a_cell(smoke_dir, tmp_path, capsys):
+    import fcntl
+    import shutil
+    from basedirected.experiments import PRESETS, cell_locks, plan, run_cell
+    out = tmp_path / "sweep"; shutil.copytree(smoke_dir, out)
+    spec = plan(PRESETS["smoke"])[0]
+    rd = RunDir(out / "runs" / spec.key)
+    rd.metrics.unlink()  # unfinished again
+    fd = os.open(rd.path, os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX)  # a basedirected-train running in the cell's directory
+    try:
+        with pytest.raises(ValueError, match="another process is running in this run directory"): run_cell(out, spec)
+    finally: os.close(fd)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\nfrom basedirected.experiments import PRESETS, cell_locks, plan\n"
+                               f"with cell_locks(Path({str(out)!r}), plan(PRESETS['smoke'])[:1]): print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"  # the sweep holds the cell
+        code, line = (lambda r: (r, capsys.readouterr().err.strip().splitlines()[-1]))(_exit_code(lambda: train_main(_cell_command(out, spec.key))))
+        assert code == 2 and "another process is running in this run directory" in line
+    finally: holder.kill(); holder.wait()
+    assert not rd.metrics.exists()
+
+
+def _exit_code(f):
+    try: return f()
+    except SystemExit as e: return e.code
+
+
+def test_ctrl_c_in_a_sweep_is_one_line(tmp_path):
+    out = tmp_path / "sweep"
+    p = subprocess.Popen([sys.executable, "-c", "import sys; from basedirected.reports import repro_main; sys.exit(repro_main(sys.argv[1:]))",
+                          "--preset", "smoke", "--out", str(out), "--quiet", "--jobs", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_until(lambda: (out / "preset.json").exists(), p)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("basedirected-repro: interrupted; finished cells are kept")

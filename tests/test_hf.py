@@ -324,3 +324,35 @@ def test_hf_cached_and_recomputed_reference_agree(data, tmp_path):
     assert hf_train_main(_args(d, tmp_path / "cached", "--posterior", "exact")) == 0
     assert hf_train_main(_args(d, tmp_path / "recomputed", "--posterior", "exact", "--recompute-reference")) == 0
     torch.testing.assert_close(torch.tensor(_train_losses(tmp_path / "recomputed")), torch.tensor(_train_losses(tmp_path / "cached")), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: {**r, "response": ""}, "record 2: the response is empty"),
+    (lambda r: {**r, "prompt": r["prompt"] + " <z1>"}, "record 2: the prompt contains '<z1>', a token of the CVAE's layout"),
+    (lambda r: {**r, "response": r["response"] + " </y>"}, "record 2: the response contains '</y>'"),
+    (lambda r: {**r, "response": r["response"] + " xylophone"}, "record 2: the tokenizer writes part of the response"),
+])
+def test_records_the_cvae_cannot_learn_from_are_refused_by_number_before_anything_is_written(data, tmp_path, capsys, change, message):
+    d, _, _ = data
+    lines = (d / "train.jsonl").read_text().splitlines()
+    lines[1] = json.dumps(change(json.loads(lines[1])))
+    (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n")
+    argv = _args(d, tmp_path / "run")
+    argv[argv.index("--data") + 1] = str(tmp_path / "train.jsonl")
+    with pytest.raises(SystemExit) as e: hf_train_main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "run").exists()
+
+
+def test_hf_run_holds_its_run_directory(data, tmp_path):
+    d, _, _ = data
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from basedirected.runs import exclusive_run_dir\n"
+                               f"with exclusive_run_dir({str(run_dir)!r}): print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        config = hf_config_from_args(build_parser().parse_args(_args(d, run_dir)))
+        with pytest.raises(ValueError, match="another process is running in this run directory"): hf_run(run_dir, config, device="cpu")
+        with pytest.raises(SystemExit) as e: hf_train_main(_args(d, run_dir))
+        assert e.value.code == 2 and os.listdir(run_dir) == []
+    finally: holder.kill(); holder.wait()
