@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import functools
 import importlib
 import inspect
@@ -35,8 +36,8 @@ from .visiting_order import REGIMES
 
 # %% auto #0
 __all__ = ['BACKBONES', 'RUN_OPTIONS', 'TASK_OPTIONS', 'HF_OPTIONS', 'OBJECTIVE_OPTIONS', 'TRAINING_OPTIONS', 'OPTIONS',
-           'field_comments', 'add_dataclass_options', 'dataclass_from_args', 'Option', 'option_help', 'build_parser',
-           'config_from_args', 'hf_config_from_args', 'train_main', 'hf_train_main']
+           'field_comments', 'add_dataclass_options', 'dataclass_from_args', 'Option', 'option_help', 'OneLineParser',
+           'build_parser', 'config_from_args', 'hf_config_from_args', 'train_main', 'hf_train_main']
 
 # %% ../nbs/10b_cli.ipynb #76b9f9fc
 def _class_source(cls) -> str:
@@ -227,6 +228,8 @@ def option_help(o: Option,  # one of OPTIONS
         d = _field(_config_of(o), o.path)
         other = _field(HFRunConfig("", ""), o.path) if o.backbones == BACKBONES else d
         text += f" (default: {d}" + (f"; with --backbone: {other})" if other != d else ")")
+    elif o.default is not False and "default" not in text + o.note:  # every value option says what it is when not given
+        text += " (default: none)" if o.default is None else f" (default: {o.default})"
     return f"{text} {o.note}".strip()
 
 # %% ../nbs/10b_cli.ipynb #a3720c5b
@@ -241,10 +244,21 @@ class _Once(argparse.Action):
 
 def _escaped(text: str) -> str: return text.replace("%", "%%")  # argparse formats help with %: a literal one is doubled
 
+class OneLineParser(argparse.ArgumentParser):
+    "An `argparse.ArgumentParser` whose every error is one line: what was wrong, for a misspelt option the closest one, and where the help is."
+    def error(self, message: str):
+        if m := re.match(r"unrecognized arguments: (\S+)", message):
+            bad = m.group(1).split("=")[0]
+            close = difflib.get_close_matches(bad, [s for a in self._actions for s in a.option_strings if s.startswith("--")], n=1, cutoff=0.6)
+            message = f"unrecognized option {bad}" + (f" (did you mean {close[0]}?)" if close else "")
+        if re.match(r"unrecognized option|argument |the following arguments are required|ambiguous option", message):
+            message += f"; see {self.prog} --help"  # argparse's own complaints about the command line; the package's own name their fix
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
 def build_parser(prog: str = "basedirected-train",  # the command's name in its messages
                 ) -> argparse.ArgumentParser:
     "The `basedirected-train` argument parser, generated from `OPTIONS` and the configurations' field comments."
-    p = argparse.ArgumentParser(prog=prog, description="Train a CVAE adapted from a base model with the p_theta-directed reconstruction "
+    p = OneLineParser(prog=prog, description="Train a CVAE adapted from a base model with the p_theta-directed reconstruction "
                                 "objective J_theta = R_theta + beta KL(q || r): by default on a synthetic task, pre-training the base model "
                                 "first; with --backbone PATH --data FILE.jsonl on a Hugging Face causal LM saved on disk (pip install -e '.[hf]'). "
                                 "Runs as is under torchrun.")

@@ -341,7 +341,8 @@ def docs_main(argv: list[str] | None = None,  # command-line arguments (None: th
              ) -> int:                       # exit status, 0
     "Console entry point `basedirected-docs`."
     p = argparse.ArgumentParser(prog="basedirected-docs", description="Build the documentation site from nbs/ into docs/ (no Quarto needed).")
-    p.add_argument("--nbs", default="nbs"); p.add_argument("--out", default="docs")
+    p.add_argument("--nbs", default="nbs", help="the notebooks' folder, the site's source (default: nbs)")
+    p.add_argument("--out", default="docs", help="the site's folder, written anew (default: docs)")
     p.add_argument("--mathjax", choices=("local", "cdn"), default="local", help="local copy (offline viewing) or the public CDN (publishing)")
     p.add_argument("--no-execute", action="store_true", help="use the outputs stored in the notebooks instead of executing them")
     p.add_argument("--jobs", type=int, default=2, help="notebooks executed in parallel")

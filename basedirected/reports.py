@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .base import SurprisalCache
-from .cli import add_dataclass_options, dataclass_from_args
+from .cli import OneLineParser, add_dataclass_options, dataclass_from_args
 from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, submit_sweep
 from .experiments import PRESETS, execute
 from .train import NonFiniteError
@@ -518,7 +518,7 @@ def _run_sweep(a, out: Path, cluster: ClusterConfig, jobs: int, group_size: int)
 def repro_main(argv: list[str] | None = None,  # command-line arguments (None: the process's own)
               ) -> int:                       # exit status: 1 when cells are missing, else 0
     "Console entry point `basedirected-repro`."
-    p = argparse.ArgumentParser(prog="basedirected-repro", description="Reproduce the synthetic-sequence experiments: base pre-training, "
+    p = OneLineParser(prog="basedirected-repro", description="Reproduce the synthetic-sequence experiments: base pre-training, "
                                 "c_theta, every objective of the preset, metrics, tables and figures.")
     p.add_argument("--preset", choices=tuple(PRESETS), default=None, help="(default quick) " + "; ".join(f"{n}: {p.about}" for n, p in PRESETS.items()))
     p.add_argument("--out", default=None, help="output directory (default runs/repro-<preset>)")

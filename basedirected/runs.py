@@ -62,7 +62,7 @@ class TrainConfig:
     warmup_steps: int = 20                   # steps of linear learning-rate warm-up
     beta: BetaSchedule = BetaSchedule()      # the KL weight per step
     tau: float | None = None                 # the KL weight as a share of the objective's break-even beta* (resolved from the base
-                                             # and the task before training; the schedule's shape is kept); None: beta.beta is it
+                                             # and the task before training; the schedule's shape is kept); None: the KL weight is beta
     beta_times_c_ref: bool = False           # multiply the KL weight by c_theta (the cELBO(beta c_theta) control)
     free_bits: float = 0.0                   # free-bits floor on the KL in the loss (nats)
     free_bits_mode: str = "batch"            # floor the batch-mean KL ('batch') or each latent dimension's ('dimension')
@@ -393,10 +393,14 @@ def environment_record(seed: int,  # the run's seed, recorded with it
     def git(*a):
         try: return subprocess.run(["git", *a], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip() or None
         except Exception: return None
-    import numpy, sympy
+    import numpy
+    from importlib.metadata import PackageNotFoundError, version
     from basedirected import __version__
+    def installed(name):  # sympy belongs to the notebooks and tests, not to a run: recorded where it is installed
+        try: return version(name)
+        except PackageNotFoundError: return None
     return {"seed": seed, "git_revision": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain")),
-            "basedirected": __version__, "torch": torch.__version__, "numpy": numpy.__version__, "sympy": sympy.__version__,
+            "basedirected": __version__, "torch": torch.__version__, "numpy": numpy.__version__, "sympy": installed("sympy"),
             "python": platform.python_version(), "machine": platform.machine(), "processor": platform.processor(),
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}

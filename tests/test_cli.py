@@ -172,3 +172,23 @@ def test_the_objective_refuses_a_negative_kl():
     for j in (j_theta, j_celbo):
         with pytest.raises(ValueError, match="kl must be >= 0"): j(terms, torch.tensor([-1.0, 0.0]), 0.1)
     assert torch.isfinite(objective(nll, nll, mask, 1.0, torch.tensor([0.1, -1e-7]), 0.1, ReconstructionLossConfig.theta())["loss"])  # round-off
+
+
+def test_every_value_option_says_its_default():
+    from basedirected.reports import repro_main  # noqa: F401  (its parser is built inside repro_main)
+    p = build_parser()
+    for a in p._actions:
+        if a.option_strings and a.nargs != 0 and a.dest != "help":
+            assert "default" in (a.help or ""), f"{a.option_strings[0]} does not say its default: {a.help!r}"
+
+
+@pytest.mark.parametrize("command, argv, message", [
+    ("train", ["--stesp", "3"], "basedirected-train: error: unrecognized option --stesp (did you mean --steps?); see basedirected-train --help"),
+    ("train", ["--run-dirr", "x"], "unrecognized option --run-dirr (did you mean --run-dir?)"),
+    ("train", ["--objective", "thetaa"], "argument --objective: invalid choice: 'thetaa'"),
+    ("repro", ["--prest", "quick"], "basedirected-repro: error: unrecognized option --prest (did you mean --preset?); see basedirected-repro --help"),
+    ("repro", ["--zzz"], "basedirected-repro: error: unrecognized option --zzz; see basedirected-repro --help"),
+])
+def test_a_typo_is_one_line_with_the_closest_option(capsys, command, argv, message):
+    code, err = (train if command == "train" else repro)(*argv, capsys=capsys)
+    assert code == 2 and len(err) == 1 and message in err[0], err
