@@ -79,19 +79,19 @@ PRESETS = {
                     cvae_steps=6, evals=2, batch_size=8, model=ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64), c_samples=64,
                     n_routed=16, n_forced=8, posteriors=("amortized", "exact"),
                     gate_exceptions=(("early", "a 40-step tiny base: the smoke preset tests the machinery, not the method"),)),
-    "quick": Preset("quick", ("theta", "dist", "celbo"), "about 10 min on a 2-core CPU: the study's design on the visiting-order task, "
+    "quick": Preset("quick", ("theta", "dist", "celbo"), "the study's design on the visiting-order task, "
                     "one shared 1,500-step base on one draw per input (it fails the gate; the preset says why)",
                     taus=(0.07, 0.2), seeds=(0, 1, 2), base_seed=0, base_steps=1500, base_strategy_draws=1, n_eval=256,
                     arms=({"objectives": ("theta", "celbo", "celbo_scaled"), "taus": (), "betas": (0.05,)},
                           {"posteriors": ("amortized",), "objectives": ("theta", "celbo"), "taus": (0.07,)}),
                     gate_exceptions=(("early", "the quick preset's visiting-order base trains 1,500 steps on one draw per input, not the task's "
                                                "16,000 on four, to fit ten minutes; it fails the gate's validity criterion, so the quick results are about a CVAE adapted from an imperfect base"),)),
-    "study": Preset("study", ("theta", "dist", "celbo"), "the reference answer on a 2-core CPU (about an hour): sorting (10 seeds) and grid "
+    "study": Preset("study", ("theta", "dist", "celbo"), "the reference answer: sorting (10 seeds) and grid "
                     "pathfinding (5 seeds) with gated bases, J_theta against dist and the cELBO at tau 0.07, plus an equal-beta row on sorting",
                     taus=(0.07,), seeds=tuple(range(10)), base_seed=0, regimes=("sorting",), evals=6,
                     arms=({"regimes": ("grid_pathfinding",), "seeds": tuple(range(5))},
                           {"objectives": ("celbo", "celbo_scaled"), "taus": (), "betas": (0.05,), "seeds": tuple(range(5))})),
-    "followup": Preset("followup", ("theta", "dist", "celbo"), "the study's open questions with enough seeds (about an hour on a 2-core CPU): "
+    "followup": Preset("followup", ("theta", "dist", "celbo"), "the study's open questions with enough seeds: "
                        "J_theta, dist and the cELBO at tau 0.07 on sorting with the study's gradient clipping and without any, on grid "
                        "pathfinding with it (10 seeds each), and the amortized posterior on sorting for 2,000 steps (3 seeds)",
                        taus=(0.07,), seeds=tuple(range(10)), base_seed=0, evals=6, regimes=("sorting",),
@@ -103,7 +103,7 @@ PRESETS = {
                              {"posteriors": ("amortized",), "seeds": tuple(range(3)), "cvae_steps": 2000, "evals": 10})),
     # addition's z escapes under every objective but late: at tau 0.07 the last of six measured runs reached its final rate at
     # step 650 (reference/escape-addition), so 800 steps; its gated base (d 128 x 3, 8,000 steps, 100,000 inputs) is the recipe's
-    "addition": Preset("addition", ("theta", "dist", "celbo"), "the study's design on addition (about two hours on a 2-core CPU): "
+    "addition": Preset("addition", ("theta", "dist", "celbo"), "the study's design on addition: "
                        "J_theta, dist and the cELBO at tau 0.07 for 800 steps (its measured escape time), 5 seeds on the recipe's gated base",
                        taus=(0.07,), seeds=tuple(range(5)), base_seed=0, regimes=("addition",), cvae_steps=800, evals=8),
     "paper": Preset("paper", ("theta", "dist", "celbo"), "the study's design at the paper's model size with 20 seeds, two tau, an equal-beta "

@@ -10,7 +10,9 @@ import csv
 import io
 import math
 import os
+import re
 import statistics
+import textwrap
 import time
 from pathlib import Path
 
@@ -30,7 +32,8 @@ __all__ = ['TABLE_METRICS', 'GROUP_BY', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'PAIR
            'aggregate', 'markdown_table', 'stats_markdown', 'write_results', 'holm', 'paired_difference',
            'paired_statistics', 'success_counts', 'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse',
            'figure_alignment', 'figure_escape', 'figure_curves', 'figure_gain_per_position', 'figure_weights',
-           'figure_paired', 'write_figures', 'write_base_gates', 'write_curves', 'write_reports', 'repro_main']
+           'figure_paired', 'write_figures', 'write_base_gates', 'write_curves', 'write_reports', 'reference_minutes',
+           'preset_help', 'repro_main']
 
 # %% ../nbs/12_reports.ipynb #ca5567ef
 _ALIGNMENTS = tuple(f"{pre}{a}_{t}{s}" for pre, t in (("", "posterior"), ("gen_", "controlled"), ("gen_", "controlled_all"))
@@ -514,13 +517,33 @@ def _run_sweep(a, out: Path, cluster: ClusterConfig, jobs: int, group_size: int)
     records = execute(out, preset, jobs=jobs, device=a.device, force=a.force, progress=not a.quiet, group_size=group_size, compile=a.compile)
     return records, [], {"preset": a.preset, "executor": "pool", "jobs": jobs, "group_size": group_size, "compiled": a.compile}
 
+# %% ../nbs/12_reports.ipynb #b7584c66
+def reference_minutes(preset: str,  # a preset's name
+                     ) -> float | None:  # None where no reference run is logged (an installed package has none)
+    "Minutes of the preset's logged reference run (`reference/<preset>/sweep.log` of a source checkout): each invocation's shell time, or its progress bar's where it was stopped."
+    import basedirected
+    log = Path(basedirected.__file__).resolve().parents[1] / "reference" / preset / "sweep.log"
+    if not log.is_file(): return None
+    text = log.read_text()
+    real = sum(int(m) + float(s) / 60 for m, s in re.findall(r"^real\s+(\d+)m([\d.]+)s", text, re.M))
+    stopped = sum(int(m) + int(s) / 60 for m, s in re.findall(r"stopped after \d+ cells at (\d+):(\d+)", text))
+    return real + stopped or None
+
+def preset_help(name: str,  # a preset's name
+               ) -> str:
+    "One line of `basedirected-repro --help`: the preset's description and the time of its logged reference run."
+    m = reference_minutes(name)
+    return f"{name}: {PRESETS[name].about}" + (f" (reference run {m:.1f} min on a 2-core CPU)" if m else "")
+
 # %% ../nbs/12_reports.ipynb #c1874c3d
 def repro_main(argv: list[str] | None = None,  # command-line arguments (None: the process's own)
               ) -> int:                       # exit status: 1 when cells are missing, else 0
     "Console entry point `basedirected-repro`."
-    p = OneLineParser(prog="basedirected-repro", description="Reproduce the synthetic-sequence experiments: base pre-training, "
-                                "c_theta, every objective of the preset, metrics, tables and figures.")
-    p.add_argument("--preset", choices=tuple(PRESETS), default=None, help="(default quick) " + "; ".join(f"{n}: {p.about}" for n, p in PRESETS.items()))
+    p = OneLineParser(prog="basedirected-repro", formatter_class=argparse.RawDescriptionHelpFormatter,
+                      description=textwrap.fill("Reproduce the synthetic-sequence experiments: base pre-training, c_theta, every objective "
+                                                "of the preset, metrics, tables and figures.", 100),
+                      epilog="presets:\n" + "\n".join(textwrap.fill(preset_help(n), 100, initial_indent="  ", subsequent_indent="      ") for n in PRESETS))
+    p.add_argument("--preset", choices=tuple(PRESETS), default=None, help="the sweep to run, one of the presets listed below (default: quick)")
     p.add_argument("--out", default=None, help="output directory (default runs/repro-<preset>)")
     p.add_argument("--collect", action="store_true", help="train nothing: build the tables and figures of the sweep in --out from the cells "
                    "that have finished (its preset is read from OUT/preset.json), and name the cells that are missing")

@@ -222,3 +222,41 @@ def test_the_torch_floor_has_what_the_package_uses():
     assert hasattr(torch.optim, "Muon") and hasattr(torch.compiler, "is_compiling")
     used = " ".join(p.read_text() for p in (ROOT / "basedirected").glob("*.py"))
     assert "torch.optim.Muon" in used and "torch.compiler.is_compiling" in used  # the reason for the floor is still there
+
+
+def _reference_minutes(preset):
+    from basedirected.reports import reference_minutes
+    return reference_minutes(preset)
+
+
+def test_the_readme_is_a_newcomers_page():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.split()) <= 1800, f"README.md has {len(text.split())} words"
+    for heading in ("## Install and run", "## The answer", "## One run", "## Your own task", "## A Hugging Face model", "## A GPU", "## A cluster"):
+        assert heading in text
+
+
+def test_the_readmes_figures_are_the_reference_files():
+    "Each time and interval the README quotes is read from the file it comes from."
+    import csv
+    import json
+    text = " ".join((ROOT / "README.md").read_text().split())
+    for preset, shown in (("quick", "4.5 min"), ("study", "53.5 min"), ("followup", "88.8 min, three invocations"), ("addition", "93.4 min")):
+        assert f"{_reference_minutes(preset):.1f} min" in shown and shown in text, (preset, _reference_minutes(preset))
+    quick = json.loads((ROOT / "reference" / "quick" / "summary.json").read_text())
+    assert f"{quick['runs']} runs in {_reference_minutes('quick'):.1f} minutes" in text
+    def contrast(preset, regime, cell, comparison):
+        (r,) = [r for r in csv.DictReader(open(ROOT / "reference" / preset / "stats.csv")) if (r["regime"], r["cell"], r["comparison"], r["metric"])
+                == (regime, cell, comparison, "gen_alignment_controlled_all_excess") and r["n"] != "3"]
+        return f"{float(r['mean']):+.3f} [{float(r['ci_lo']):+.3f}, {float(r['ci_hi']):+.3f}]".replace("+-", "−").replace("-", "−").replace("[−", "[−")
+    fix = lambda s: s.replace("+−", "−")
+    for preset, regime, cell, comparison in (("followup", "sorting", "tau 0.07", "theta - dist"), ("followup", "grid_pathfinding", "tau 0.07", "theta - dist"),
+                                             ("addition", "addition", "tau 0.07", "theta - dist"), ("followup", "sorting", "tau 0.07", "theta - celbo"),
+                                             ("followup", "sorting", "tau 0.07 clip 1e+06", "theta - celbo")):
+        assert fix(contrast(preset, regime, cell, comparison)) in text, (preset, regime, cell, comparison, contrast(preset, regime, cell, comparison))
+
+
+def test_the_repro_help_states_each_presets_reference_time():
+    from basedirected.reports import preset_help
+    for preset in ("quick", "study", "followup", "addition"):
+        assert f"reference run {_reference_minutes(preset):.1f} min" in preset_help(preset)
