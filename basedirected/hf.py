@@ -5,10 +5,12 @@
 # %% ../nbs/10a_hf.ipynb #15e5ad18
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import torch.nn as nn
 try:
     import peft
     import transformers
+    from safetensors.torch import save_file
 except ImportError as e:  # the core package never imports this module
     raise ImportError("basedirected.hf needs transformers and peft: pip install -e '.[hf]'") from e
 
@@ -41,7 +44,8 @@ __all__ = ['LAYOUT_SPECIALS', 'WEIGHT_FILES', 'LOADER', 'HFVocab', 'save_tiny_ba
            'context_length', 'check_context', 'check_context_length', 'HFReference', 'PairSurprisalCache',
            'train_rows_only', 'embedding_matrices', 'build_hf_cvae', 'hf_reference', 'build_optimizers',
            'hf_reference_scale', 'hf_metrics', 'task_input', 'task_response', 'hf_generation_metrics',
-           'check_hf_inputs', 'check_backbone', 'check_task_data', 'prepare_hf_run', 'load_hf_run', 'hf_run']
+           'check_hf_inputs', 'check_backbone', 'check_task_data', 'prepare_hf_run', 'load_hf_run', 'hf_run',
+           'export_run', 'export_main']
 
 # %% ../nbs/10a_hf.ipynb #23fc6380
 LAYOUT_SPECIALS = ("<x>", "</x>", "<y>", "</y>", "<z>", "</z>", "<znull>")
@@ -155,14 +159,17 @@ class HFCausalLM(nn.Module):
 def init_new_embeddings(model: nn.Module,     # an `AutoModelForCausalLM`
                         new_ids: list[int],   # the ids of the tokens added to its tokenizer
                         n_known: int):        # the tokenizer's size before they were added
-    "Grow the embeddings to hold `new_ids` and set their input and output rows to the mean of the first `n_known` rows."
-    n = max(max(new_ids, default=-1) + 1, model.get_input_embeddings().weight.shape[0])
-    if n > model.get_input_embeddings().weight.shape[0]: model.resize_token_embeddings(n, mean_resizing=False)
+    "Grow the embeddings to hold `new_ids` and set their input and output rows, and any other row the growth made, to the mean of the rows the model had."
+    had = model.get_input_embeddings().weight.shape[0]
+    n = max(max(new_ids, default=-1) + 1, had)
+    if n > had: model.resize_token_embeddings(n, mean_resizing=False)
+    # a token the tokenizer knew but the matrix lacked (a reloaded Qwen2 tokenizer adds <|endoftext|>) would keep a random row
+    rows = sorted(set(new_ids) | set(range(had, n)))
     out = model.get_output_embeddings()
     mats = {id(w): w for w in (model.get_input_embeddings().weight, None if out is None else out.weight) if w is not None}
     with torch.no_grad():
         for w in mats.values():  # tied embeddings are one matrix
-            if new_ids: w[new_ids] = w[:n_known].mean(0)
+            if rows: w[rows] = w[:min(n_known, had)].mean(0)
 
 def load_backbone(path,                      # a directory written by `save_pretrained` (model and tokenizer)
                   n_latent: int = 8,         # latent codes to add
@@ -628,3 +635,52 @@ def _write_hf_metrics(run: Run, config: HFRunConfig) -> dict:
     m = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in m.items()}  # JSON has no NaN
     atomic_write_json(run.dir.metrics, m)
     return m
+
+# %% ../nbs/10a_hf.ipynb #41ecd9f5
+def _export_refusal(rd: RunDir, out: Path, whole_model: bool) -> HFRunConfig:
+    "The run's configuration, or a `ValueError` naming the path that cannot be exported."
+    if not rd.is_run(): raise ValueError(f"{rd.path} is not a run directory (no config.json with a configuration)")
+    record = read_json(rd.config)
+    if record.get("loader") != LOADER: raise ValueError(f"{rd.path} is not a run on a Hugging Face backbone: nothing to export as a PEFT directory")
+    if not rd.checkpoint.exists(): raise ValueError(f"{rd.checkpoint} is missing: the run has no trained weights yet (train it first)")
+    config = HFRunConfig.from_dict(record["config"])
+    if config.adapt.mode != "lora" and not whole_model:
+        raise ValueError(f"{rd.path}: adapt mode {config.adapt.mode!r} trains no adapter; pass --whole-model to write the whole generator with save_pretrained")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())): raise ValueError(f"{out} exists and is not empty: choose a new directory")
+    return config
+
+
+# %% ../nbs/10a_hf.ipynb #8d18f1f7
+def export_run(run_dir,                     # a run directory on a Hugging Face backbone with a checkpoint
+               out,                         # the directory to write (absent or empty)
+               whole_model: bool = False,   # write the whole generator (save_pretrained; LoRA merged) instead of the adapter
+              ) -> Path:
+    "Write a run's generator as a PEFT adapter (embeddings included) or a whole model, with its tokenizer; an amortized posterior's adapter in `out/posterior`."
+    rd, out = RunDir(run_dir), Path(out)
+    _export_refusal(rd, out, whole_model)
+    run = load_hf_run(rd.path, "cpu")
+    gen, post = run.model.generator.model, run.model.posterior
+    if whole_model: (gen.merge_and_unload() if isinstance(gen, peft.PeftModel) else gen).save_pretrained(out)
+    else: gen.save_pretrained(out, save_embedding_layers=True)  # the code rows trained; the added tokens' rows exist only here
+    run.vocab.tokenizer.save_pretrained(out)
+    if isinstance(post, HFCausalLM):  # an amortized posterior: its own adapter (or copy) and head
+        m = post.model.merge_and_unload() if whole_model and isinstance(post.model, peft.PeftModel) else post.model
+        m.save_pretrained(out / "posterior", **({} if whole_model else {"save_embedding_layers": False}))
+        save_file({k: v.contiguous() for k, v in run.model.posterior_head.state_dict().items()}, out / "posterior" / "posterior_head.safetensors")
+    return out
+
+
+# %% ../nbs/10a_hf.ipynb #18d5744a
+def export_main(argv: list[str] | None = None,  # the arguments (None: the command line's)
+               ) -> int:                        # 0; an error exits with status 2 and one line
+    "Console entry point `basedirected-export RUN_DIR OUT`: `export_run` from the command line."
+    p = argparse.ArgumentParser(prog="basedirected-export", description="Write a Hugging Face run's trained generator as a PEFT adapter directory "
+                                "(embeddings and tokenizer included) that peft.PeftModel.from_pretrained loads onto the backbone.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory on a Hugging Face backbone with a checkpoint")
+    p.add_argument("out", metavar="OUT", help="the directory to write (absent or empty)")
+    p.add_argument("--whole-model", action="store_true", help="write the whole generator with save_pretrained (LoRA merged): for frozen and full runs")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    try: print(export_run(a.run_dir, a.out, a.whole_model))
+    except ValueError as e: p.exit(2, f"{p.prog}: error: {e}\n")
+    return 0
+

@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from basedirected.cli import build_parser, hf_config_from_args, hf_train_main, train_main
-from basedirected.hf import (EncodedPairs, HFReference, build_hf_cvae, encode_examples, hf_run, load_backbone, pairs_to_examples, prepare_hf_run,
+from basedirected.hf import (EncodedPairs, HFReference, build_hf_cvae, encode_examples, export_main, export_run, hf_run, load_backbone, pairs_to_examples, prepare_hf_run,
                              read_pairs, save_tiny_backbone)
 from basedirected.runs import AdaptConfig, load_run
 from basedirected.train import train_run
@@ -356,3 +356,60 @@ def test_hf_run_holds_its_run_directory(data, tmp_path):
         with pytest.raises(SystemExit) as e: hf_train_main(_args(d, run_dir))
         assert e.value.code == 2 and os.listdir(run_dir) == []
     finally: holder.kill(); holder.wait()
+
+
+@pytest.mark.parametrize("arch, posterior", [("gpt2", "exact"), ("qwen2", "amortized")])  # tied and untied embeddings
+def test_an_exported_run_loads_back_with_peft_and_gives_the_generators_logits(data, tmp_path, arch, posterior):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    d, _, _ = data
+    argv = _args(d, tmp_path / "run", "--adapt", "lora", "--posterior", posterior, "--lr", "3e-2", "--no-metrics"); argv[1] = str(d / arch)
+    assert hf_train_main(argv) == 0
+    assert export_main([str(tmp_path / "run"), str(tmp_path / "out")]) == 0
+    run, out = load_run(tmp_path / "run"), tmp_path / "out"
+    tok = AutoTokenizer.from_pretrained(out)
+    assert all(tok.convert_tokens_to_ids(t) == run.vocab.id(t) for t in run.vocab.added)  # the layout's tokens and codes, same ids
+    fresh = AutoModelForCausalLM.from_pretrained(d / arch); fresh.resize_token_embeddings(len(tok), mean_resizing=False)
+    batch = encode_examples(run.vocab, run.held_out[:8], ["<z2>"] * 8)
+    logits = lambda m: m(input_ids=batch.ids, attention_mask=batch.attention_mask.long()).logits
+    with torch.no_grad():
+        bare, mine = logits(fresh), logits(run.model.generator.model)
+        loaded = PeftModel.from_pretrained(fresh, out)
+        theirs = logits(loaded)
+    torch.testing.assert_close(theirs, mine, atol=1e-5, rtol=1e-5)
+    assert (bare - mine).abs().max() > 1e-2  # the adapter and code rows carry what trained: the check can fail
+    if posterior == "amortized":  # a second adapter, on the same loaded model, with its head
+        base = encode_examples(run.vocab, run.held_out[:8])
+        hidden = lambda m: m(input_ids=base.ids, attention_mask=base.attention_mask.long(), output_hidden_states=True).hidden_states[-1]
+        loaded.load_adapter(out / "posterior", adapter_name="posterior"); loaded.set_adapter("posterior")
+        with torch.no_grad(): torch.testing.assert_close(hidden(loaded), hidden(run.model.posterior.model), atol=1e-5, rtol=1e-5)
+        head = load_file(out / "posterior" / "posterior_head.safetensors")
+        assert all(torch.equal(head[k], v) for k, v in run.model.posterior_head.state_dict().items())
+    else: assert not (out / "posterior").exists()
+    export_run(tmp_path / "run", tmp_path / "whole", whole_model=True)  # the LoRA merged into one model that transformers loads alone
+    with torch.no_grad(): torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(tmp_path / "whole")), mine, atol=1e-5, rtol=1e-5)
+
+
+def test_export_refuses_what_it_cannot_export_in_one_line(data, tmp_path, capsys):
+    d, _, _ = data
+    assert hf_train_main(_args(d, tmp_path / "run", "--posterior", "exact", "--steps", "2", "--no-metrics")) == 0
+    capsys.readouterr()
+    def refused(run, out, message):
+        with pytest.raises(SystemExit) as e: export_main([str(run), str(out)])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(lines) == 1 and message in lines[0] and str(run if "exists" not in message else out) in lines[0], lines
+    (tmp_path / "file").write_text("x"); (tmp_path / "busy").mkdir(); (tmp_path / "busy" / "f").write_text("x")
+    refused(tmp_path / "run", tmp_path / "busy", "exists and is not empty")
+    refused(tmp_path / "run", tmp_path / "file", "exists and is not empty")
+    refused(tmp_path / "nowhere", tmp_path / "out", "is not a run directory")
+    (tmp_path / "tiny").mkdir(); (tmp_path / "tiny" / "config.json").write_text(json.dumps({"config": {}, "environment": {}}))
+    refused(tmp_path / "tiny", tmp_path / "out", "is not a run on a Hugging Face backbone")
+    for mode in ("frozen", "full"):  # the refusal reads config.json only: a LoRA run relabelled stands in for one
+        shutil.copytree(tmp_path / "run", tmp_path / mode)
+        record = json.loads((tmp_path / mode / "config.json").read_text()); record["config"]["adapt"]["mode"] = mode
+        (tmp_path / mode / "config.json").write_text(json.dumps(record))
+        refused(tmp_path / mode, tmp_path / "out", f"adapt mode '{mode}' trains no adapter; pass --whole-model")
+    (tmp_path / "run" / "checkpoint.pt").unlink()
+    refused(tmp_path / "run", tmp_path / "out", "checkpoint.pt is missing")
+    assert not (tmp_path / "out").exists()
