@@ -31,10 +31,11 @@ from .train import BaseGateError, run_metrics, train_run
 from .groups import pack_groups, train_group
 
 # %% auto #0
-__all__ = ['PRESETS', 'SWEEP_FOLDERS', 'Preset', 'RunSpec', 'cell_argv', 'plan', 'plan_cost', 'base_dir', 'lock_path',
-           'prepare_shared_base', 'check_base_gate', 'clear_cells', 'finished_record', 'finished', 'check_sweep_dir',
-           'record_preset', 'cell_locks', 'clear_held_cells', 'run_cell', 'run_group_cells', 'run_pack',
-           'die_with_parent', 'execute']
+__all__ = ['PRESETS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVATION', 'CUDA_CONTEXT_GIB', 'Preset', 'RunSpec',
+           'cell_argv', 'plan', 'plan_cost', 'base_dir', 'lock_path', 'prepare_shared_base', 'check_base_gate',
+           'clear_cells', 'finished_record', 'finished', 'check_sweep_dir', 'record_preset', 'cell_locks',
+           'clear_held_cells', 'run_cell', 'run_group_cells', 'run_pack', 'die_with_parent', 'pack_memory_gib',
+           'DevicePlacer', 'cuda_budgets_gib', 'run_placed', 'execute']
 
 # %% ../nbs/11_experiments.ipynb #7ef9c87a
 @dataclass(frozen=True)
@@ -425,6 +426,62 @@ def die_with_parent(parent: int,  # the sweep process's pid
         os._exit(1)  # its runs keep their last checkpoints; a rerun resumes them
     threading.Thread(target=watch, daemon=True, name="die-with-parent").start()
 
+# %% ../nbs/11_experiments.ipynb #ac3921bb
+BYTES_PER_PARAMETER = 176.0   # a: one run's stacked weights, their bf16 copy, gradients, AdamW moments, base and frozen reference, per backbone parameter
+BYTES_PER_ACTIVATION = 17.6   # b: the tensors saved for backward, per activation element (fitted with a, see above)
+CUDA_CONTEXT_GIB = 0.5        # each worker process's CUDA context and allocator slack
+
+def _parameters(cfg: RunConfig) -> int:
+    m = cfg.base.model
+    return m.n_layers * (4 * m.d_model ** 2 + 2 * m.d_model * m.d_ff) + (len(run_vocab(cfg)) + m.max_len) * m.d_model
+
+def pack_memory_gib(configs: list[RunConfig],  # the runs of one pack (trained as one group, or one run alone)
+                   ) -> float:                 # GiB
+    "Estimated peak device memory of a pack of runs, $M_{\\text{context}} + \\sum (aP + bA)$ (fitted to the group benchmark's peaks, above)."
+    def run(cfg):
+        m, exact = cfg.base.model, cfg.cvae.latent == "discrete" and cfg.cvae.posterior == "exact"
+        rows = cfg.cvae.K + (not exact) if cfg.cvae.latent == "discrete" else 2  # generator rows per example, and the posterior's
+        return BYTES_PER_PARAMETER * _parameters(cfg) + BYTES_PER_ACTIVATION * cfg.train.batch_size * rows * m.max_len * m.d_model * m.n_layers
+    return CUDA_CONTEXT_GIB + sum(map(run, configs)) / 2**30
+
+# %% ../nbs/11_experiments.ipynb #cc23b426
+class DevicePlacer:
+    "Memory left on each device: a pack takes its estimate where it fits (the emptiest device first) and gives it back when it ends."
+    def __init__(self, budgets_gib: list[float]):  # what each device may hold, GiB
+        if not budgets_gib or min(budgets_gib) <= 0: raise ValueError(f"every device needs a positive memory budget, got {budgets_gib}")
+        self.free = list(map(float, budgets_gib))
+    def take(self, need: float) -> int | None:
+        "The device that now holds `need` more GiB, or None where none has room."
+        best = max(range(len(self.free)), key=self.free.__getitem__)
+        if need > self.free[best]: return None
+        self.free[best] -= need
+        return best
+    def give(self, device: int, need: float): self.free[device] += need
+
+def cuda_budgets_gib(share: float = 0.9,  # of each device's memory a sweep may plan to fill
+                    ) -> list[float]:
+    "The memory budget of each visible CUDA device, GiB."
+    return [share * torch.cuda.get_device_properties(i).total_memory / 2**30 for i in range(torch.cuda.device_count())]
+
+def run_placed(needs: list[float],     # each pack's memory estimate, GiB, in the order to start them
+               placer: DevicePlacer,
+               submit,                  # submit(k, device) -> a concurrent.futures.Future that trains pack k there
+               jobs: int,               # packs running at once, at most
+              ):
+    "Start each pack only where its estimate fits beside those running (at most `jobs` at once, in order); yields `(k, future)` as each ends."
+    from concurrent.futures import FIRST_COMPLETED, wait
+    largest = max(placer.free)
+    if needs and max(needs) > largest:
+        raise ValueError(f"a pack needs about {max(needs):.1f} GiB, more than a device's {largest:.1f} GiB budget: give a smaller --group-size")
+    queue, running = list(range(len(needs))), {}
+    while queue or running:
+        while queue and len(running) < jobs and (device := placer.take(needs[queue[0]])) is not None:
+            k = queue.pop(0); running[submit(k, device)] = (k, device)
+        done, _ = wait(running, return_when=FIRST_COMPLETED)
+        for f in done:
+            k, device = running.pop(f); placer.give(device, needs[k])
+            yield k, f
+
 # %% ../nbs/11_experiments.ipynb #743db029
 def execute(out: Path,              # the sweep's directory
             preset: Preset,
@@ -465,13 +522,19 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
             bases = {key: pool.submit(prepare_shared_base, out, s, devices[i % len(devices)]) for i, (key, s) in enumerate(order)}
             checked = set()
             bar = tqdm(total=len(specs), desc="runs", disable=not progress)
-            futures = []
-            for pack, dev in zip(packs, devices):
+            def ready(pack):  # its bases trained and gated
                 for i in pack:
                     key = (specs[i].regime, specs[i].config.data_seed)
                     gate = bases[key].result()
                     if key not in checked: check_base_gate(preset, shared[key], gate); checked.add(key)
-                futures.append((pack, pool.submit(run_pack, out, [specs[i] for i in pack], dev, force, compile)))
-            for pack, f in futures: records.update(zip(pack, f.result())); bar.update(len(pack))
+            if n_gpu:  # a pack starts only where its memory estimate fits beside those running (pack_memory_gib)
+                needs = [pack_memory_gib([specs[i].config for i in pack]) for pack in packs]
+                def submit(k, d): ready(packs[k]); return pool.submit(run_pack, out, [specs[i] for i in packs[k]], f"cuda:{d}", force, compile)
+                for k, f in run_placed(needs, DevicePlacer(cuda_budgets_gib()), submit, jobs): records.update(zip(packs[k], f.result())); bar.update(len(packs[k]))
+            else:
+                futures = []
+                for pack, dev in zip(packs, devices):
+                    ready(pack); futures.append((pack, pool.submit(run_pack, out, [specs[i] for i in pack], dev, force, compile)))
+                for pack, f in futures: records.update(zip(pack, f.result())); bar.update(len(pack))
     bar.close()
     return [records[i] for i in range(len(specs))]

@@ -196,3 +196,26 @@ def test_a_sweep_of_tau_and_beta_cells_reads_back_and_draws_every_figure(smoke_d
     assert {r["tau_target"] for r in rows} == {None, 0.5} and {r["beta_target"] for r in rows} == {None, 0.1}
     assert figure_paired(tmp_path, "early") is not None
     assert "tau 0.5" in (tmp_path / "stats.md").read_text() and "beta 0.1" in (tmp_path / "stats.md").read_text()
+
+
+def test_the_paper_preset_on_one_gpu_never_plans_past_its_memory():
+    "With a fake H200 budget on the CPU: the paper preset's 64-run groups start only where their memory estimate fits."
+    import threading
+    import time as _time
+    from concurrent.futures import ThreadPoolExecutor
+    from basedirected.experiments import DevicePlacer, pack_memory_gib, run_placed
+    from basedirected.groups import pack_groups
+    specs = plan(PRESETS["paper"])
+    packs = pack_groups([s.config for s in specs], 64)
+    needs = [pack_memory_gib([specs[i].config for i in p]) for p in packs]
+    budget = 0.9 * 139.0
+    held, worst, lock = [0.0], [0.0], threading.Lock()
+    def train(k):
+        with lock: held[0] += needs[k]; worst[0] = max(worst[0], held[0])
+        _time.sleep(0.002)
+        with lock: held[0] -= needs[k]
+        return k
+    with ThreadPoolExecutor(8) as pool:  # the default 8 workers
+        done = [k for k, _ in run_placed(needs, DevicePlacer([budget]), lambda k, d: pool.submit(train, k), jobs=8)]
+    assert sorted(done) == list(range(len(packs)))
+    assert worst[0] <= budget + 1e-9 and worst[0] > max(needs)  # within the budget, and more than one pack at a time

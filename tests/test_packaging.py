@@ -256,6 +256,15 @@ def test_the_readmes_figures_are_the_reference_files():
         assert fix(contrast(preset, regime, cell, comparison)) in text, (preset, regime, cell, comparison, contrast(preset, regime, cell, comparison))
 
 
+def test_the_readmes_gpu_estimate_is_the_packages():
+    from basedirected.experiments import PRESETS, pack_memory_gib, plan
+    from basedirected.groups import pack_groups
+    specs = plan(PRESETS["paper"])
+    needs = [pack_memory_gib([specs[i].config for i in p]) for p in pack_groups([s.config for s in specs], 64)]
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert f"the paper preset's {len(needs)} groups {min(needs):.1f}–{max(needs):.1f} GiB each" in text
+
+
 def test_the_repro_help_states_each_presets_reference_time():
     from basedirected.reports import preset_help
     for preset in ("quick", "study", "followup", "addition"):
