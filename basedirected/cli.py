@@ -201,6 +201,7 @@ TRAINING_OPTIONS: tuple[Option, ...] = (  # c_theta, optimisation and the metric
     Option("--eval-every", "train.eval_every", "training"),
     Option("--checkpoint-every", "train.checkpoint_every", "training"),
     Option("--max-nonfinite-steps", "train.max_nonfinite_steps", "training"),
+    Option("--grad-accum", "train.grad_accum", "training"),
     Option("--n-routed", "metrics.n_routed", "metrics"),
     Option("--n-forced", "metrics.n_forced", "metrics"),
 )

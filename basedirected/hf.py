@@ -36,7 +36,7 @@ from .runs import (ADAPT_MODES, OPTIMIZERS, AdaptConfig, HFRunConfig, Run, RunDi
                                read_reference_scale)
 from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, make_task
-from .train import fit
+from .train import check_batch_split, fit
 
 # %% auto #0
 __all__ = ['LAYOUT_SPECIALS', 'WEIGHT_FILES', 'LOADER', 'HFVocab', 'save_tiny_backbone', 'HFCausalLM', 'init_new_embeddings',
@@ -500,7 +500,7 @@ def check_hf_inputs(config: HFRunConfig,
     records = read_pairs(config.data)
     held = read_pairs(config.eval_data) if config.eval_data is not None else records
     if len(records) < config.train.batch_size: raise ValueError(f"{config.data}: {len(records)} records, fewer than the batch size {config.train.batch_size}")
-    if config.train.batch_size % world: raise ValueError(f"batch size {config.train.batch_size} must be divisible by the {world} processes")
+    check_batch_split(config.train, world)
     check_backbone(config, records, held[:config.n_eval])
     if config.task is not None: check_task_data(config, held[:config.n_eval])
 
@@ -584,7 +584,7 @@ def prepare_hf_run(run_dir,                    # the run directory (made if abse
     "A new or resumed run on a Hugging Face backbone, `config.json` written first (by rank 0); the checkpoint is loaded by the training loop."
     rank, world, _ = distributed_setup(device)
     rd = RunDir(run_dir)
-    if config.train.batch_size % world: raise ValueError(f"batch size {config.train.batch_size} must be divisible by the {world} processes")
+    check_batch_split(config.train, world)
     if rank == 0:
         check_run_dir(rd.path, config, resume_without_log); rd.path.mkdir(parents=True, exist_ok=True)
         atomic_write_json(rd.config, {"config": config.to_dict(), "loader": LOADER, "environment": {**environment_record(config.seed), "world_size": world,

@@ -70,13 +70,18 @@ class TrainConfig:
     checkpoint_every: int = 100              # checkpoint period (steps)
     recompute_reference: bool = False        # run the frozen reference every step instead of the cache
     max_nonfinite_steps: int = 10            # skipped steps (non-finite loss or gradient) tolerated before the run stops
+    grad_accum: int = 1                      # micro-batches per step: each optimizer step averages the gradients of grad_accum equal
+                                             # parts of its batch (the same step in less memory)
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "warmup_steps", "eval_every", "checkpoint_every"):
+        for name in ("steps", "batch_size", "warmup_steps", "eval_every", "checkpoint_every", "grad_accum"):
             if getattr(self, name) < 1: raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_nonfinite_steps < 0: raise ValueError(f"max_nonfinite_steps must be >= 0, got {self.max_nonfinite_steps}")
         check_positive(self.lr, "lr"); check_nonnegative(self.weight_decay, "weight_decay"); check_positive(self.grad_clip, "grad_clip")
         check_nonnegative(self.free_bits, "free_bits")
+        if self.batch_size % self.grad_accum: raise ValueError(f"batch_size {self.batch_size} must be divisible by grad_accum {self.grad_accum}")
+        # the floor is a max over the whole batch's mean KL: micro-batches would each floor their own
+        if self.grad_accum > 1 and self.free_bits > 0: raise ValueError("free_bits floors the whole batch's KL: it cannot be split into grad_accum micro-batches")
         if self.free_bits_mode not in ("batch", "dimension"): raise ValueError(f"free_bits_mode must be 'batch' or 'dimension', got {self.free_bits_mode!r}")
         if self.lr_schedule not in LR_SCHEDULES: raise ValueError(f"lr_schedule must be {' or '.join(map(repr, LR_SCHEDULES))}, got {self.lr_schedule!r}")
         check_unit_interval(self.lr_min_ratio, "lr_min_ratio")
@@ -84,6 +89,12 @@ class TrainConfig:
         for name, v in (("beta", self.beta.beta), ("tau", self.tau)):
             if v is not None and v > MAX_KL_WEIGHT: raise ValueError(f"{name} must be <= {MAX_KL_WEIGHT:g} (a KL weight that large leaves no reconstruction "
                                                                      f"in float32 and can overflow the loss), got {v:g}")
+
+    def to_dict(self) -> dict:
+        "The fields, `grad_accum` only where it is not 1: a run directory or sweep cell written before it existed is still the same run."
+        d = asdict(self)
+        if self.grad_accum == 1: del d["grad_accum"]
+        return d
 
     def lr_at(self, step: int) -> float:
         "Learning rate of `step`: linear warm-up, then constant or cosine decay."
@@ -138,7 +149,7 @@ class RunConfig:
         if self.cvae.latent == "discrete" and self.cvae.K > 64: raise ValueError(f"K must be <= 64, got {self.cvae.K}")
 
     data_seed = property(lambda self: self.seed if self.base_seed is None else self.base_seed)  # seeds the data, the base, c_theta
-    def to_dict(self) -> dict: return {**asdict(self), "task": self.task.to_dict()}
+    def to_dict(self) -> dict: return {**asdict(self), "task": self.task.to_dict(), "train": self.train.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
@@ -204,7 +215,7 @@ class HFRunConfig:
         if self.regime is not None and self.task is None: raise ValueError("regime needs a task")
         if self.train.tau is not None: raise ValueError("tau needs a synthetic task's break-even beta*; give beta on a Hugging Face backbone")
 
-    def to_dict(self) -> dict: return asdict(self)
+    def to_dict(self) -> dict: return {**asdict(self), "train": self.train.to_dict()}
     @classmethod
     def from_dict(cls, d: dict) -> "HFRunConfig":
         "Inverse of `to_dict`."

@@ -23,13 +23,13 @@ from .conventions import trusted_values
 from .cvae import objective_terms, posterior_forward
 from .metrics import break_even_beta, evaluate_model
 from .objective import loss_reference_weights
-from .runs import (Run, RunConfig, atomic_torch_save, atomic_write_json, barrier, exclusive_run_dir, gather_floats, load_checkpoint,
+from .runs import (Run, RunConfig, TrainConfig, atomic_torch_save, atomic_write_json, barrier, exclusive_run_dir, gather_floats, load_checkpoint,
                                load_trained_state, prepare_run, read_json, read_log, shard_indices, trained_state, truncate_log)
 from .tasks import batch_indices
 
 # %% auto #0
-__all__ = ['evaluate', 'NonFiniteError', 'train_step', 'OneRun', 'ShardedRun', 'fit', 'train_run', 'BaseGateError',
-           'gate_message', 'compile_cvae', 'run_metrics', 'run']
+__all__ = ['evaluate', 'NonFiniteError', 'check_batch_split', 'train_step', 'OneRun', 'ShardedRun', 'fit', 'train_run',
+           'BaseGateError', 'gate_message', 'compile_cvae', 'run_metrics', 'run']
 
 # %% ../nbs/10_train.ipynb #f9c72bad
 @torch.no_grad()
@@ -60,6 +60,36 @@ def _json_safe(record: dict) -> dict:
     "Non-finite floats become null: a JSON log never holds a bare NaN."
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
 
+# %% ../nbs/10_train.ipynb #6ce0c547
+def check_batch_split(tc: TrainConfig,   # the run's training configuration
+                      world: int = 1):   # the number of processes
+    "Refuse a batch that does not split into equal shares over the processes and, in each, into `grad_accum` micro-batches."
+    if tc.batch_size % (world * tc.grad_accum):
+        raise ValueError(f"batch size {tc.batch_size} must be divisible by the {world} processes" + (f" times grad_accum {tc.grad_accum}" if tc.grad_accum > 1 else ""))
+
+
+# %% ../nbs/10_train.ipynb #6a2e2487
+def _micro_batch(run: Run,           # a prepared run
+                 part: torch.Tensor, # the indices of this micro-batch (of this process's share)
+                 beta: float, noise: torch.Generator, eps, forward,
+                 share: float,       # its share of the process's examples: the weight of its mean in the step's mean
+                ) -> tuple[dict, torch.Tensor]:  # its terms (detached) and its finiteness flags
+    "Forward, objective and `share`-weighted backward of one micro-batch: the terms are means over examples, so the shares add up to the batch's mean."
+    rows = run.train_rows.select(part)
+    if run.config.train.recompute_reference: b, mask = run.reference.response_surprisal(getattr(rows, run.reference.layout))
+    else: b, mask = run.train_cache.lookup(part)
+    # forward (autocast) and objective (float32) with the value checks off: the step checks its own values
+    with trusted_values():
+        weights = loss_reference_weights(b, mask, run.config.loss)  # once per micro-batch: q* and the objective share them (per example)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=run.device.type == "cuda"):
+            out = posterior_forward(forward or run.model, rows, b, mask, run.c_ref, run.config.loss, beta, noise, weights, eps)
+        tc = run.config.train
+        terms = objective_terms(out, b, mask, run.c_ref, beta, run.config.loss, tc.free_bits, tc.free_bits_mode, weights)
+    (terms["loss"] * share).backward()  # several processes: the gradients arrive averaged
+    flags = torch.stack([torch.isfinite(torch.where(mask, out.nll, 0.0)).all(), torch.isfinite(out.kl).all()]).float()  # no boolean indexing: it syncs
+    return {k: v.detach().float() for k, v in terms.items()}, flags
+
+
 # %% ../nbs/10_train.ipynb #c94a600e
 def train_step(run: Run,             # a prepared run (any backbone)
                optimizers: list,     # its optimizers (`Run.optimizers`)
@@ -68,33 +98,33 @@ def train_step(run: Run,             # a prepared run (any backbone)
                lr: float,            # the step's learning rate
                forward=None,         # what runs the CVAE: its DistributedDataParallel replica under torchrun (None: the model)
               ) -> dict:             # the log record
-    "One optimizer step of `run.model` on this process's share of global minibatch `step`; returns the log record (every term, KL, β, lr, gradient norm, throughput, or the term that was not finite)."
+    "One optimizer step of `run.model` on this process's share of global minibatch `step` (in `grad_accum` micro-batches); returns the log record (every term, KL, β, lr, gradient norm, throughput, or the term that was not finite)."
     model, tc, device, t0 = run.model, run.config.train, run.device, time.perf_counter()
     skipped = lambda term: {"step": step + 1, "split": "train", "beta": beta, "lr": lr, "skipped": term}
-    # data: batch `step` selected from the device-resident split (this process's share of it), and its reference surprisal
+    # data: batch `step` of the training split (this process's share of it)
     idx = batch_indices(len(run.train), tc.batch_size, run.config.seed, step)
     mine = idx if run.world == 1 else shard_indices(idx, run.rank, run.world)
-    rows = run.train_rows.select(mine)
-    if tc.recompute_reference: b, mask = run.reference.response_surprisal(getattr(rows, run.reference.layout))
-    else: b, mask = run.train_cache.lookup(mine)
     noise, eps = torch.Generator().manual_seed(run.config.seed * 1_000_003 + step), None
-    if run.world > 1 and run.config.cvae.latent == "continuous":  # the global batch's noise, as one process draws it; this share's rows
+    if (run.world > 1 or tc.grad_accum > 1) and run.config.cvae.latent == "continuous":  # the global batch's noise, as one process draws it
         c = run.config.cvae
         eps = torch.randn(len(idx), c.n_samples, c.latent_dim, generator=noise).view(run.world, -1, c.n_samples, c.latent_dim)[run.rank]
-    # forward (autocast) and objective (float32) with the value checks off: this step checks its own values below
-    with trusted_values():
-        weights = loss_reference_weights(b, mask, run.config.loss)  # once per step: q* and the objective share them
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            out = posterior_forward(forward or model, rows, b, mask, run.c_ref, run.config.loss, beta, noise, weights, eps)
-        terms = objective_terms(out, b, mask, run.c_ref, beta, run.config.loss, tc.free_bits, tc.free_bits_mode, weights)
     for opt in optimizers:
         for g in opt.param_groups: g["lr"] = lr
         opt.zero_grad(set_to_none=True)
-    terms["loss"].backward()  # several processes: the gradients arrive averaged
+    parts, parts_eps = mine.chunk(tc.grad_accum), (eps.chunk(tc.grad_accum) if eps is not None else [None] * tc.grad_accum)
+    ddp = getattr(forward, "ddp", None)
+    micro = []
+    for j, (part, e) in enumerate(zip(parts, parts_eps)):
+        # DistributedDataParallel all-reduces the gradients of the last micro-batch's backward only, once they have all accumulated
+        with ddp.no_sync() if ddp is not None and j < len(parts) - 1 else contextlib.nullcontext():
+            micro.append(_micro_batch(run, part, beta, noise, e, forward, len(part) / len(mine)))
     grad_norm = nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], tc.grad_clip)
+    # the batch's terms: share-weighted means of the micro-batches' means (the largest kappa of any), and every flag
+    shares = [len(p) / len(mine) for p in parts]
+    terms = {k: torch.stack([t[k] for t, _ in micro]).max() if k == "kappa_max" else sum(s * t[k] for s, (t, _) in zip(shares, micro)) for k in micro[0][0]}
+    flags = torch.stack([f for _, f in micro]).min(0).values
     # the step's one host sync: finiteness of the losses and the KL, every term and the gradient norm
-    flags = torch.stack([torch.isfinite(torch.where(mask, out.nll, 0.0)).all(), torch.isfinite(out.kl).all()]).float()  # no boolean indexing: it syncs
-    host = torch.cat([flags, torch.stack([v.detach().float() for v in terms.values()]), grad_norm.detach().float().reshape(1)]).tolist()
+    host = torch.cat([flags, torch.stack(list(terms.values())), grad_norm.detach().float().reshape(1)]).tolist()
     if run.world > 1:  # every process's flags and terms (the gradient norm is the same on each after the all-reduce)
         every = gather_floats(host, run.world, device)
         host = [min(r[0] for r in every), min(r[1] for r in every),
@@ -108,9 +138,11 @@ def train_step(run: Run,             # a prepared run (any backbone)
     return {"step": step + 1, "split": "train", "beta": beta, "lr": lr, "grad_norm": grad_norm,
             **values, "examples_per_s": len(idx) / (time.perf_counter() - t0)}
 
+
 # %% ../nbs/10_train.ipynb #f621b503
 class OneRun:
     "The stepper of one run in one process: `train_step` with the run's optimizers."
+    accumulates = True  # its steps split the batch into `grad_accum` micro-batches
     def __init__(self, runs: list[Run]):  # one prepared run
         if len(runs) != 1: raise ValueError(f"OneRun steps one run, got {len(runs)}; a group of runs is a RunGroup (notebook 10c)")
         self.runs, self.optimizers, self.forward = runs, runs[0].optimizers(), None
@@ -182,6 +214,9 @@ def fit(runs: list[Run],                        # prepared runs (`prepare_run`, 
        ) -> list[dict | NonFiniteError]:        # each run's final held-out terms ({} on a process other than rank 0), or the error that stopped it
     "The training loop of every run: resume, steps, evaluations, checkpoints, the non-finite guard; a run that reaches its last step writes `eval.json`."
     tc, main, world = runs[0].config.train, runs[0].rank == 0, runs[0].world
+    check_batch_split(tc, world)
+    if tc.grad_accum > 1 and not getattr(stepper or OneRun, "accumulates", False):  # a group's vmapped step takes its whole batch at once
+        raise ValueError(f"grad_accum {tc.grad_accum}: {getattr(stepper, '__name__', stepper)} steps the whole batch at once; train the run alone (OneRun, ShardedRun)")
     start, states = _resume(runs)
     end = tc.steps if stop_after is None else min(tc.steps, stop_after)
     for r in runs:

@@ -413,3 +413,14 @@ def test_export_refuses_what_it_cannot_export_in_one_line(data, tmp_path, capsys
     (tmp_path / "run" / "checkpoint.pt").unlink()
     refused(tmp_path / "run", tmp_path / "out", "checkpoint.pt is missing")
     assert not (tmp_path / "out").exists()
+
+
+def test_grad_accum_on_a_backbone_follows_the_whole_batch_trajectory(data, tmp_path, capsys):
+    d, _, _ = data
+    for n in ("1", "4"):
+        assert hf_train_main(_args(d, tmp_path / n, "--posterior", "amortized", "--grad-clip", "1e6", "--grad-accum", n, "--no-metrics")) == 0
+    torch.testing.assert_close(torch.tensor(_train_losses(tmp_path / "4")), torch.tensor(_train_losses(tmp_path / "1")), rtol=1e-5, atol=1e-6)
+    assert "grad_accum" not in json.loads((tmp_path / "1" / "config.json").read_text())["config"]["train"]  # as written before the option existed
+    capsys.readouterr()
+    code, line = _refused(_args(d, tmp_path / "bad", "--grad-accum", "3"), capsys)
+    assert code == 2 and "--batch-size 8 must be divisible by --grad-accum 3" in line and not (tmp_path / "bad").exists()

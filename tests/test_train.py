@@ -16,7 +16,7 @@ from basedirected.objective import OBJECTIVE_NAMES, BetaSchedule, Reconstruction
 from basedirected.runs import HFRunConfig, RunConfig, TrainConfig, prepare_run, read_log
 from basedirected.tasks import Vocab, batch_indices, make_splits
 from basedirected.cli import OPTIONS, build_parser, config_from_args, train_main
-from basedirected.train import run, train_run
+from basedirected.train import fit, run, train_run, train_step
 from basedirected.visiting_order import VisitingOrder
 
 SMALL_MODEL = ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64)
@@ -382,3 +382,34 @@ def test_the_thread_count_is_part_of_the_run_and_applied(tmp_path):
         assert json.loads((tmp_path / "r" / "config.json").read_text())["config"]["threads"] == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("latent", ["discrete", "continuous"])
+def test_grad_accum_micro_batches_take_the_whole_batchs_step(tmp_path, latent):
+    cfg = tiny_config(latent, grad_clip=1e6, recompute_reference=latent == "discrete")  # clipping off; both sources of b_t
+    r = prepare_run(tmp_path / "run", cfg, device="cpu")
+    r.model.train()
+    start = {k: v.clone() for k, v in r.model.state_dict().items()}
+    steps = {}
+    for n in (1, 2, 4):
+        r.model.load_state_dict(start)
+        r.config = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, grad_accum=n))
+        sgd = torch.optim.SGD([p for p in r.model.parameters() if p.requires_grad], lr=1.0)  # plain SGD moves by the gradient, its scale included
+        record = train_step(r, [sgd], 3, 0.5, 0.05)
+        steps[n] = {k: v for k, v in record.items() if isinstance(v, float) and k != "examples_per_s"}, {k: v.clone() for k, v in r.model.state_dict().items()}
+    assert steps[1][0].keys() == steps[2][0].keys() and "kappa_max" in steps[1][0]
+    for n in (2, 4):  # the record is the whole batch's, and so is the step
+        torch.testing.assert_close(steps[n][0], steps[1][0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(steps[n][1], steps[1][1], rtol=1e-5, atol=1e-6)
+    assert max((steps[1][1][k] - start[k]).abs().max() for k in start) > 1e-3  # the step moved the weights: equal weights say something
+
+
+def test_grad_accum_is_refused_where_it_cannot_split_the_batch(tmp_path, capsys):
+    from basedirected.groups import RunGroup
+    cfg = tiny_config(steps=2, grad_accum=2)
+    r = prepare_run(tmp_path / "run", cfg, device="cpu")
+    with pytest.raises(ValueError, match="grad_accum 2: RunGroup steps the whole batch at once"): fit([r], stepper=RunGroup)
+    assert not (tmp_path / "run" / "log.jsonl").exists() or not read_log(tmp_path / "run" / "log.jsonl")
+    with pytest.raises(SystemExit) as e: train_main(["--run-dir", str(tmp_path / "cli"), "--batch-size", "8", "--grad-accum", "3", "--quiet"])
+    assert e.value.code == 2 and "--batch-size 8 must be divisible by --grad-accum 3" in capsys.readouterr().err
+    assert not (tmp_path / "cli").exists()
