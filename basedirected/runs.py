@@ -34,6 +34,8 @@ from .objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig
 from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, Task, Vocab, check_task, make_splits, task_class, task_from_dict
 from .visiting_order import VisitingOrder
+# every built-in task registers when its module is imported: a run of any of them loads in a process that imported only this module
+import basedirected.addition, basedirected.grid_pathfinding, basedirected.sorting  # noqa: F401
 
 # %% auto #0
 __all__ = ['LR_SCHEDULES', 'MAX_KL_WEIGHT', 'ADAPT_MODES', 'OPTIMIZERS', 'TrainConfig', 'RunConfig', 'AdaptConfig', 'HFRunConfig',
@@ -670,6 +672,11 @@ def check_run_dir(run_dir: Path,                     # the directory a run would
     if logged < ck["step"]: raise ValueError(f"{rd.log} ends at step {logged}, before {rd.checkpoint} (step {ck['step']}): the log is incomplete")
 
 # %% ../nbs/09_runs.ipynb #5bd4d070
+def _task_spec(task: Task) -> str:
+    "What `task_class` reads back: the registered name of a built-in task, `module:Class` for a task of the user's own."
+    cls = type(task)
+    return task.name if cls.__module__.startswith("basedirected.") else f"{cls.__module__}:{cls.__qualname__}"
+
 class RunInputError(ValueError):
     "An input that cannot make a run, found by `prepare_run` before it writes anything (the CLI says it in one line)."
 
@@ -702,7 +709,8 @@ def prepare_run(run_dir: Path,                     # the run directory (made if 
     vocab = run_vocab(config)
     if rank == 0:
         rd.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(rd.config, {"config": config.to_dict(), "environment": {**environment_record(config.seed), "world_size": world}})
+        atomic_write_json(rd.config, {"config": config.to_dict(), "task_class": _task_spec(config.task),
+                                      "environment": {**environment_record(config.seed), "world_size": world}})
     for turn in (0, 1):  # rank 0 trains the base and estimates c_theta; then the others find them on disk
         if (rank == 0) == (turn == 0):
             base = prepare_base(rd.path, vocab, train, config, device, progress and rank == 0, held_out)
@@ -726,6 +734,8 @@ def load_run(run_dir: Path,          # a run directory the package wrote, on any
     if record.get("loader"):  # a run on another backbone names the function that rebuilds it ("module:function")
         module, _, name = record["loader"].partition(":")
         return getattr(importlib.import_module(module), name)(rd.path, device)
+    if ":" in (spec := record.get("task_class") or "") and record["config"]["task"].get("name") not in Task.registry:
+        task_class(spec)  # a task of the user's own registers when its module is imported
     config, device = RunConfig.from_dict(record["config"]), resolve_device(device)
     vocab = run_vocab(config)
     base = load_base(rd.path, vocab, config)

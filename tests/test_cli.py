@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,39 @@ def test_every_value_option_says_its_default():
 def test_a_typo_is_one_line_with_the_closest_option(capsys, command, argv, message):
     code, err = (train if command == "train" else repro)(*argv, capsys=capsys)
     assert code == 2 and len(err) == 1 and message in err[0], err
+
+
+USER_TASK = '''
+from dataclasses import dataclass
+from basedirected.tasks import Task, TaskCheck
+
+@dataclass(frozen=True)
+class Reverse(Task):
+    name = "user_reverse"
+    deterministic = True
+    strategies: tuple = ("forward", "backward")
+    @property
+    def tokens(self): return tuple(str(d) for d in range(10))
+    def sample_input(self, rng): return tuple(rng.randrange(10) for _ in range(3))
+    def render(self, x, strategy, rng=None): return tuple(str(d) for d in (x if strategy == 0 else x[::-1]))
+    def check(self, x, y):
+        ss = tuple(s for s in range(2) if self.render(x, s) == tuple(y))
+        return TaskCheck(bool(ss), ss, bool(ss))
+'''
+
+
+@pytest.mark.parametrize("task", ["visiting_order", "sorting", "grid_pathfinding", "addition", "user_tasks:Reverse"])
+def test_a_run_of_every_task_loads_in_a_fresh_process(tmp_path, monkeypatch, capsys, task):
+    "`load_run` in a process that imported only basedirected.runs: built-in tasks are registered with it, a user's module:Class is recorded and re-imported."
+    (tmp_path / "user_tasks.py").write_text(USER_TASK)
+    monkeypatch.chdir(tmp_path); monkeypatch.syspath_prepend(str(tmp_path))
+    tiny = ["--n-train", "300", "--n-eval", "16", "--c-samples", "16", "--base-steps", "5", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
+            "--d-ff", "32", "--steps", "2", "--batch-size", "4", "--eval-every", "2", "--checkpoint-every", "2", "--quiet", "--allow-failed-base",
+            "--no-metrics", "--max-len", "128"]
+    assert train("--run-dir", str(tmp_path / "run"), "--task", task, *tiny, capsys=capsys)[0] == 0
+    code = ("import sys; from basedirected.runs import load_run; r = load_run(sys.argv[1]); "
+            "assert 'basedirected.cli' not in sys.modules; print(type(r.task).__name__, r.task.name)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[1] == (task if ":" not in task else "user_reverse")
