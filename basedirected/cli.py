@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import functools
 import importlib
+import importlib.util
 import inspect
 import linecache
 import os
@@ -120,6 +121,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "the first steps pay the compile time)", default=False, backbones=_TINY),
     Option("--shared-prefix", None, "run", "discrete z: run the prompt once for all K codes (a packed sequence; same numbers to float "
            "round-off; a speed option, measured by the benchmark)", default=False, backbones=_TINY),
+    Option("--tensorboard", None, "run", "also write every log.jsonl record's numbers as TensorBoard events in this directory (rank 0; "
+           "needs pip install tensorboard)", default=None),
     Option("--resume-without-log", None, "run", "resume from a checkpoint whose log.jsonl is missing (the earlier steps' records are lost)", default=False),
 )
 
@@ -372,17 +375,19 @@ def _checked(a: argparse.Namespace, world: int):
     "The configuration and the training function of the command, every input checked (`ValueError` names what is wrong); the run directory held."
     if not a.run_dir.strip(): raise ValueError("--run-dir must name a directory, got an empty string")
     if a.stop_after is not None and a.stop_after < 1: raise ValueError(f"--stop-after must be >= 1, got {a.stop_after}")
+    if a.tensorboard is not None and importlib.util.find_spec("tensorboard") is None: raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard")
     if a.backbone is not None:
         try: hf = importlib.import_module("basedirected.hf")  # an optional extra: imported only when asked for
         except ImportError as e: raise ValueError(f"--backbone: {e}") from None
         config = hf_config_from_args(a)
         hf.check_hf_inputs(config, world)
         train = lambda: hf.hf_run(a.run_dir, config, a.device, a.stop_after, progress=not a.quiet, metrics=not a.no_metrics,
-                                  resume_without_log=a.resume_without_log)
+                                  resume_without_log=a.resume_without_log, tensorboard=a.tensorboard)
     else:
         config = config_from_args(a)
         train = lambda: run(a.run_dir, config, device=a.device, progress=not a.quiet, stop_after=a.stop_after, resume_without_log=a.resume_without_log,
-                            require_gate=not a.allow_failed_base, compile=a.compile, shared_prefix=a.shared_prefix, metrics=not a.no_metrics)
+                            require_gate=not a.allow_failed_base, compile=a.compile, shared_prefix=a.shared_prefix, metrics=not a.no_metrics,
+                            tensorboard=a.tensorboard)
     if config.cvae.latent == "discrete" and config.cvae.K == 1 and not a.allow_inert:
         raise ValueError("--K 1 leaves a discrete latent inert by construction (one code carries no information); pass --allow-inert to run it as a control")
     resolve_device(a.device)

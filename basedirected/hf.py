@@ -21,7 +21,6 @@ import torch.nn as nn
 try:
     import peft
     import transformers
-    from safetensors.torch import save_file
 except ImportError as e:  # the core package never imports this module
     raise ImportError("basedirected.hf needs transformers and peft: pip install -e '.[hf]'") from e
 
@@ -613,12 +612,13 @@ def hf_run(run_dir,                            # the run directory (made if abse
            progress: bool = False,             # a progress bar (rank 0)
            metrics: bool = True,               # write metrics.json once the run is complete
            resume_without_log: bool = False,   # a checkpoint without its log.jsonl may resume
+           tensorboard: str | None = None,     # also write the log's records as TensorBoard events in this directory
           ) -> dict:                           # the final held-out terms, and the metrics as metric_*
     "A complete run in `run_dir` on one process or under `torchrun`; at the last step rank 0 writes `eval.json` and `metrics.json` (kept if a rerun finds it). Rank 0 holds the directory (`exclusive_run_dir`) from before its first write."
     main = int(os.environ.get("RANK", "0")) == 0
     with exclusive_run_dir(run_dir) if main else contextlib.nullcontext():
         run = prepare_hf_run(run_dir, config, device, resume_without_log)
-        (final,) = fit([run], progress=progress, stop_after=stop_after)
+        (final,) = fit([run], progress=progress, stop_after=stop_after, tensorboard=tensorboard)
         if isinstance(final, Exception): raise final
         if run.rank != 0 or not metrics or (stop_after is not None and stop_after < config.train.steps): return final
         m = read_json(run.dir.metrics) if run.dir.metrics.exists() else _write_hf_metrics(run, config)
@@ -666,7 +666,7 @@ def export_run(run_dir,                     # a run directory on a Hugging Face 
     if isinstance(post, HFCausalLM):  # an amortized posterior: its own adapter (or copy) and head
         m = post.model.merge_and_unload() if whole_model and isinstance(post.model, peft.PeftModel) else post.model
         m.save_pretrained(out / "posterior", **({} if whole_model else {"save_embedding_layers": False}))
-        save_file({k: v.contiguous() for k, v in run.model.posterior_head.state_dict().items()}, out / "posterior" / "posterior_head.safetensors")
+        torch.save(run.model.posterior_head.state_dict(), out / "posterior" / "posterior_head.pt")  # an nn.Linear(d_model, K): torch.load(weights_only=True)
     return out
 
 

@@ -28,8 +28,8 @@ from .runs import (Run, RunConfig, TrainConfig, atomic_torch_save, atomic_write_
 from .tasks import batch_indices
 
 # %% auto #0
-__all__ = ['evaluate', 'NonFiniteError', 'check_batch_split', 'train_step', 'OneRun', 'ShardedRun', 'fit', 'train_run',
-           'BaseGateError', 'gate_message', 'compile_cvae', 'run_metrics', 'run']
+__all__ = ['evaluate', 'NonFiniteError', 'check_batch_split', 'train_step', 'OneRun', 'ShardedRun', 'TensorBoardSink', 'fit',
+           'train_run', 'BaseGateError', 'gate_message', 'compile_cvae', 'run_metrics', 'run']
 
 # %% ../nbs/10_train.ipynb #f9c72bad
 @torch.no_grad()
@@ -206,11 +206,24 @@ def _resume(runs: list[Run]) -> tuple[int, list[list[dict] | None]]:
         raise ValueError(f"the runs of a group must resume from one step, got checkpoints at steps {sorted(set(starts))}; group them by step")
     return starts[0], states
 
+# %% ../nbs/10_train.ipynb #caff196b
+class TensorBoardSink:
+    "Every log record's numbers as TensorBoard scalars, `split/term` at the record's step: a view of log.jsonl, which stays the record."
+    def __init__(self, log_dir):  # the events' directory
+        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package, an option and not a requirement
+        self.writer = SummaryWriter(str(log_dir))
+    def __call__(self, record: dict):
+        for k, v in record.items():
+            if k != "step" and type(v) in (int, float) and math.isfinite(v): self.writer.add_scalar(f"{record['split']}/{k}", v, record["step"])
+    def close(self): self.writer.close()
+
+
 # %% ../nbs/10_train.ipynb #87b7c34e
 def fit(runs: list[Run],                        # prepared runs (`prepare_run`, `prepare_hf_run`) that the stepper trains together
         stepper=None,                           # builds the stepper from the runs: None picks OneRun, or ShardedRun under torchrun; RunGroup for many
         progress: bool = False,                 # a progress bar (rank 0)
         stop_after: int | None = None,          # stop after this many steps (as if interrupted)
+        tensorboard: str | Path | None = None,  # also write every record as TensorBoard events here (rank 0; a group's runs in subdirectories)
        ) -> list[dict | NonFiniteError]:        # each run's final held-out terms ({} on a process other than rank 0), or the error that stopped it
     "The training loop of every run: resume, steps, evaluations, checkpoints, the non-finite guard; a run that reaches its last step writes `eval.json`."
     tc, main, world = runs[0].config.train, runs[0].rank == 0, runs[0].world
@@ -234,7 +247,11 @@ def fit(runs: list[Run],                        # prepared runs (`prepare_run`, 
         steps = tqdm(steps, initial=start, total=tc.steps, desc="cvae" if len(runs) == 1 else f"group of {len(runs)}", leave=False)
     evaluate_run = lambda r, step: evaluate(r, r.kl_weight(step))
     logs = [open(r.dir.log, "a") for r in runs] if main else []
-    write = lambda n, record: logs[n].write(json.dumps(_json_safe(record)) + "\n") if main else None
+    sinks = [TensorBoardSink(Path(tensorboard) / (r.dir.path.name if len(runs) > 1 else "")) for r in runs] if main and tensorboard else []
+    def write(n, record):
+        if not main: return
+        logs[n].write(json.dumps(_json_safe(record)) + "\n")
+        if sinks: sinks[n](record)
     try:
         for n, r in enumerate(runs):
             if main and start and (start % tc.eval_every == 0 or start == tc.steps) and not any(
@@ -264,7 +281,7 @@ def fit(runs: list[Run],                        # prepared runs (`prepare_run`, 
             if progress and main and len(runs) == 1 and "loss" in record:
                 steps.set_postfix(loss=f"{record['loss']:.3f}", kl=f"{record['kl']:.3f}", theta=f"{record['theta']:.3f}")
     finally:
-        for log in logs: log.close()
+        for f in (*logs, *sinks): f.close()
     s.sync()
     finals = []
     for n, r in enumerate(runs):
@@ -279,9 +296,10 @@ def fit(runs: list[Run],                        # prepared runs (`prepare_run`, 
 def train_run(run: Run,                        # a prepared run (`prepare_run`, `prepare_hf_run`)
               progress: bool = False,          # a progress bar (rank 0)
               stop_after: int | None = None,   # stop after this many steps, as if interrupted
+              tensorboard: str | Path | None = None,  # also write the log's records as TensorBoard events in this directory
              ) -> dict:                        # the final held-out terms ({} on a process other than rank 0)
     "Train one prepared run (`fit` with `OneRun`, or `ShardedRun` under torchrun); a run that reaches its last step writes `eval.json`."
-    (final,) = fit([run], progress=progress, stop_after=stop_after)
+    (final,) = fit([run], progress=progress, stop_after=stop_after, tensorboard=tensorboard)
     if isinstance(final, NonFiniteError): raise final
     return final
 
@@ -338,20 +356,21 @@ def run(run_dir: Path,                     # the run directory (made if absent; 
         compile: bool = False,             # compile the CVAE's backbones (`compile_cvae`)
         shared_prefix: bool = False,       # a discrete CVAE computes its prompt once for all codes
         metrics: bool = False,             # write `run_metrics` to metrics.json once the run is complete
+        tensorboard: str | None = None,    # also write the log's records as TensorBoard events in this directory
        ) -> dict:                          # the final held-out terms (also in eval.json)
     "A complete run of the task's small transformer in `run_dir`, on one process or each of torchrun's; rank 0 holds the directory (`exclusive_run_dir`) from before its first write to the last. A `metrics.json` already written (by this call's earlier run, or a sweep's record of the cell) is kept."
     main = int(os.environ.get("RANK", "0")) == 0
     with exclusive_run_dir(run_dir) if main else contextlib.nullcontext():
-        return _run(run_dir, config, device, progress, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics)
+        return _run(run_dir, config, device, progress, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard)
 
-def _run(run_dir, config, device, progress, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics) -> dict:
+def _run(run_dir, config, device, progress, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard=None) -> dict:
     r = prepare_run(run_dir, config, device, progress, resume_without_log)
     if compile: compile_cvae(r.model)
     if shared_prefix and hasattr(r.model, "shared_prefix"): r.model.shared_prefix = True
     if not r.gate["passes"]:
         if require_gate: raise BaseGateError(gate_message(r.gate, r.dir.gate))
         if r.rank == 0: warnings.warn(f"adapting a CVAE from a base that fails the quality gate ({'; '.join(gate_failures(r.gate))}; {r.dir.gate})", stacklevel=2)
-    final = train_run(r, progress, stop_after)
+    final = train_run(r, progress, stop_after, tensorboard)
     if metrics and r.rank == 0 and (stop_after is None or stop_after >= config.train.steps) and not r.dir.metrics.exists():
         atomic_write_json(r.dir.metrics, run_metrics(r, final))
     return final

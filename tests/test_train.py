@@ -413,3 +413,28 @@ def test_grad_accum_is_refused_where_it_cannot_split_the_batch(tmp_path, capsys)
     with pytest.raises(SystemExit) as e: train_main(["--run-dir", str(tmp_path / "cli"), "--batch-size", "8", "--grad-accum", "3", "--quiet"])
     assert e.value.code == 2 and "--batch-size 8 must be divisible by --grad-accum 3" in capsys.readouterr().err
     assert not (tmp_path / "cli").exists()
+
+
+def test_tensorboard_events_are_the_logs_records_and_change_nothing(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    argv = lambda rd, *extra: ["--run-dir", str(rd), "--n-train", "600", "--n-eval", "32", "--c-samples", "64", "--base-steps", "40", "--d-model", "32",
+                               "--n-layers", "1", "--steps", "6", "--batch-size", "8", "--eval-every", "3", "--quiet", "--no-metrics", "--allow-failed-base", *extra]
+    assert train_main(argv(tmp_path / "plain")) == 0
+    assert train_main(argv(tmp_path / "seen", "--tensorboard", str(tmp_path / "tb"))) == 0
+    drop = lambda log: [{k: v for k, v in r.items() if k != "examples_per_s"} for r in log]
+    assert drop(read_log(tmp_path / "seen" / "log.jsonl")) == drop(read_log(tmp_path / "plain" / "log.jsonl"))  # the log and the run are unchanged
+    events = EventAccumulator(str(tmp_path / "tb")); events.Reload()
+    log = read_log(tmp_path / "seen" / "log.jsonl")
+    for split, term in (("train", "loss"), ("train", "kl"), ("train", "grad_norm"), ("eval", "loss")):
+        got = [(e.step, e.value) for e in events.Scalars(f"{split}/{term}")]
+        want = [(r["step"], r[term]) for r in log if r["split"] == split]
+        assert [s for s, _ in got] == [s for s, _ in want] and len(want) >= 2
+        torch.testing.assert_close(torch.tensor([v for _, v in got]), torch.tensor([v for _, v in want], dtype=torch.float32))  # events hold float32
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e: train_main(argv(tmp_path / "without", "--tensorboard", str(tmp_path / "tb2")))
+    assert e.value.code == 2 and "--tensorboard needs the tensorboard package: pip install tensorboard" in capsys.readouterr().err
+    assert not (tmp_path / "without").exists()
