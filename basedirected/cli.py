@@ -220,7 +220,8 @@ def _config_of(o: Option):
     "A default configuration holding the field `o` sets: the small transformer's where it applies, else the Hugging Face one's."
     return RunConfig() if "tiny" in o.backbones else HFRunConfig("", "")
 
-def option_help(o: Option,  # one of OPTIONS
+def option_help(o: Option,             # one of OPTIONS
+                hf_only: bool = False,  # for basedirected-hf-train: the default a Hugging Face run takes
                ) -> str:
     "The help text of `o`: its own, or its field's comment in the dataclass that holds it, with its note and shown default."
     if o.help is not None: text = o.help
@@ -228,7 +229,8 @@ def option_help(o: Option,  # one of OPTIONS
         *head, name = o.path.split(".")
         owner = _field(_config_of(o), ".".join(head)) if head else _config_of(o)
         text = field_comments(type(owner))[name]
-    if o.default is ... and o.path:
+    if o.default is ... and o.path and hf_only: text += f" (default: {_field(HFRunConfig('', ''), o.path)})"
+    elif o.default is ... and o.path:
         d = _field(_config_of(o), o.path)
         other = _field(HFRunConfig("", ""), o.path) if o.backbones == BACKBONES else d
         text += f" (default: {d}" + (f"; with --backbone: {other})" if other != d else ")")
@@ -261,8 +263,12 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser(prog: str = "basedirected-train",  # the command's name in its messages
                 ) -> argparse.ArgumentParser:
-    "The `basedirected-train` argument parser, generated from `OPTIONS` and the configurations' field comments."
-    p = OneLineParser(prog=prog, description="Train a CVAE adapted from a base model with the p_theta-directed reconstruction "
+    "The `basedirected-train` argument parser, generated from `OPTIONS` and the configurations' field comments; `basedirected-hf-train`'s lists only the options of a Hugging Face backbone."
+    hf_only = prog == "basedirected-hf-train"
+    p = OneLineParser(prog=prog, description="Train a CVAE adapted from a Hugging Face causal LM saved on disk (--backbone PATH --data FILE.jsonl; "
+                                "pip install -e '.[hf]') with the p_theta-directed reconstruction objective J_theta = R_theta + beta KL(q || r). "
+                                "Runs as is under torchrun." if hf_only else
+                                "Train a CVAE adapted from a base model with the p_theta-directed reconstruction "
                                 "objective J_theta = R_theta + beta KL(q || r): by default on a synthetic task, pre-training the base model "
                                 "first; with --backbone PATH --data FILE.jsonl on a Hugging Face causal LM saved on disk (pip install -e '.[hf]'). "
                                 "Runs as is under torchrun.")
@@ -272,13 +278,16 @@ def build_parser(prog: str = "basedirected-train",  # the command's name in its 
                    "with generation under each forced code: a few seconds to a minute on CPU)")
     groups = {}
     for o in OPTIONS:
-        g = groups.setdefault(o.group, p.add_argument_group(o.group))
+        # basedirected-hf-train hides the small transformer's options; given anyway, they are refused by name (`_given`)
+        hidden = hf_only and "hf" not in o.backbones
+        g = p if hidden else groups.setdefault(o.group, p.add_argument_group(o.group))
         d = _field(_config_of(o), o.path) if o.default is ... else o.default
+        text = argparse.SUPPRESS if hidden else _escaped(option_help(o, hf_only))
         if isinstance(d, bool):
-            g.add_argument(o.flag, *o.aliases(), dest=o.dest, action=_Once, nargs=0, default=False, help=_escaped(option_help(o))); continue
+            g.add_argument(o.flag, *o.aliases(), dest=o.dest, action=_Once, nargs=0, default=False, help=text); continue
         typ = o.type or (type(d) if d is not None else str)
         default = o.default if o.path is None else None  # a configuration field stays None unless given
-        g.add_argument(o.flag, *o.aliases(), dest=o.dest, action=_Once, type=typ, choices=o.choices, default=default, help=_escaped(option_help(o)))
+        g.add_argument(o.flag, *o.aliases(), dest=o.dest, action=_Once, type=typ, choices=o.choices, default=default, help=text)
     for flag, f in ORIGINAL_FLAG_ALIASES.items():
         if f.switch: groups["objective"].add_argument(flag, dest=flag.lstrip("-").replace("-", "_"), action="store_true", help="original flag: " + f.meaning)
     return p

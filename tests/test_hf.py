@@ -423,3 +423,16 @@ def test_grad_accum_on_a_backbone_follows_the_whole_batch_trajectory(data, tmp_p
     capsys.readouterr()
     code, line = _refused(_args(d, tmp_path / "bad", "--grad-accum", "3"), capsys)
     assert code == 2 and "--batch-size 8 must be divisible by --grad-accum 3" in line and not (tmp_path / "bad").exists()
+
+
+def test_hf_train_help_lists_only_the_options_of_a_backbone(capsys):
+    import re
+    from basedirected.cli import OPTIONS
+    with pytest.raises(SystemExit) as e: hf_train_main(["--help"])
+    text = capsys.readouterr().out
+    assert e.value.code == 0
+    listed = {o.flag for o in OPTIONS if re.search(rf"\n  {re.escape(o.flag)}[ \n]", text)}
+    assert listed == {o.flag for o in OPTIONS if "hf" in o.backbones} and {"--base-steps", "--tau", "--n-train"}.isdisjoint(listed)
+    assert "synthetic task" not in text.split("options:")[0] and "Hugging Face causal LM" in text.split("options:")[0]
+    assert re.search(r"--c-samples C_SAMPLES\s+samples for c_theta \(default: 512\)", text)  # the backbone's default, not the small transformer's
+    assert "--base-steps" in build_parser().format_help()  # basedirected-train still lists every option
