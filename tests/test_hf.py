@@ -436,3 +436,17 @@ def test_hf_train_help_lists_only_the_options_of_a_backbone(capsys):
     assert "synthetic task" not in text.split("options:")[0] and "Hugging Face causal LM" in text.split("options:")[0]
     assert re.search(r"--c-samples C_SAMPLES\s+samples for c_theta \(default: 512\)", text)  # the backbone's default, not the small transformer's
     assert "--base-steps" in build_parser().format_help()  # basedirected-train still lists every option
+
+
+def test_two_processes_with_grad_accum_follow_the_one_process_whole_batch_trajectory(data, tmp_path):
+    d, _, _ = data
+    extra = ("--c-source", "data", "--grad-clip", "1e6", "--no-metrics")
+    assert hf_train_main(_args(d, tmp_path / "one", *extra)) == 0
+    script = tmp_path / "entry.py"
+    script.write_text("import sys\nfrom basedirected.cli import hf_train_main\nsys.exit(hf_train_main(sys.argv[1:]))\n")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29537", str(script)]
+    p = subprocess.run(cmd + _args(d, tmp_path / "two", *extra, "--grad-accum", "2"), env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    # each process steps its 4 examples in 2 micro-batches and DDP reduces once: the one-process whole-batch trajectory
+    torch.testing.assert_close(torch.tensor(_train_losses(tmp_path / "two")), torch.tensor(_train_losses(tmp_path / "one")), rtol=1e-5, atol=1e-6)
