@@ -32,7 +32,7 @@ class CVAEConfig:
     latent: str = "discrete"       # 'discrete' codes or a 'continuous' diagonal Gaussian
     K: int = 4                     # discrete codes (may exceed the number of true strategies)
     latent_dim: int = 4            # continuous z dimension
-    code_init_noise: float = 0.02  # relative size of the symmetry-breaking noise on code embeddings
+    code_init_noise: float = 0.02  # relative size of the noise on the code embeddings, which starts their symmetry breaking (notebook 07a)
     n_samples: int = 1             # continuous: reparameterized samples per example
     posterior: str = "amortized"   # discrete: 'amortized' q_xi, 'exact' q*, or 'exact+distill' (q* trains q_xi too)
     def __post_init__(self):
@@ -41,7 +41,7 @@ class CVAEConfig:
         if self.latent == "continuous" and self.posterior != "amortized": raise ValueError(f"posterior {self.posterior!r} needs latent 'discrete'")
         for name in ("K", "latent_dim", "n_samples"):
             if getattr(self, name) < 1: raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.code_init_noise >= 0: raise ValueError(f"code_init_noise must be >= 0, got {self.code_init_noise}")
+        if not 0 <= self.code_init_noise < float("inf"): raise ValueError(f"code_init_noise must be finite and >= 0, got {self.code_init_noise}")
     def to_dict(self): return asdict(self)
 
 @dataclass

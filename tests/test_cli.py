@@ -229,3 +229,12 @@ def test_a_run_of_every_task_loads_in_a_fresh_process(tmp_path, monkeypatch, cap
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[1] == (task if ":" not in task else "user_reverse")
+
+
+@pytest.mark.parametrize("value, message", [("-1", "--code-init-noise must be finite and >= 0, got -1.0"), ("inf", "got inf"), ("nan", "got nan")])
+def test_the_code_initialization_scale_is_an_option_that_refuses_bad_values(tmp_path, capsys, value, message):
+    from basedirected.cli import config_from_args
+    assert config_from_args(build_parser().parse_args(["--code-init-noise", "0.3"])).cvae.code_init_noise == 0.3
+    code, err = train("--run-dir", str(tmp_path / "run"), "--code-init-noise", value, capsys=capsys)
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "run").exists()
