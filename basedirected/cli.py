@@ -79,6 +79,14 @@ def add_dataclass_options(parser,                               # an `argparse.A
         g.add_argument(flag, dest=f.name, type=typ, choices=choices.get(f.name), default=f.default, help=text + shown)
     return g
 
+def _inherited_comment(cls, name: str) -> str:
+    "The comment of field `name` where it is written: in `cls` or the first of its bases that declares it ('its `name` field' where none can be read)."
+    for c in cls.__mro__:
+        try: comments = field_comments(c) if dataclasses.is_dataclass(c) else {}
+        except (OSError, TypeError): continue  # no source to read (a class made at run time)
+        if name in comments: return comments[name]
+    return f"its {name} field"
+
 def dataclass_from_args(cls,    # the dataclass `add_dataclass_options` read
                         args):  # the parsed options
     "An instance of `cls` from the options `add_dataclass_options` added (its checks raise `ValueError` naming the option)."
@@ -135,7 +143,8 @@ TASK_OPTIONS: tuple[Option, ...] = (  # the synthetic task and the base model th
            "sorting and addition: short, long; grid_pathfinding: small, large, open (default: the task's defaults)", default=None),
     Option("--prior", None, "task", "strategy prior p(s|x) (default: the regime's)", ("uniform", "input"), None, backbones=_TINY),
     Option("--tie-fraction", None, "task", "the task's share of tied inputs, where several strategies write one trace: " + "; ".join(
-           f"{n}: {field_comments(c)['tie_fraction']}" for n, c in Task.registry.items() if "tie_fraction" in c.__dataclass_fields__)
+           f"{n}: {_inherited_comment(c, 'tie_fraction')}" for n, c in Task.registry.items()
+           if c.__module__.startswith("basedirected.") and "tie_fraction" in c.__dataclass_fields__)
            + "; the other tasks have none (default: the regime's)", default=None, type=float, backbones=_TINY),
     Option("--n-train", "n_train", "task", default=None, type=int, backbones=_TINY, note=f"({_RECIPE}20000)"),
     Option("--n-eval", "n_eval", "task"),
