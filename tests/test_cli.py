@@ -214,10 +214,13 @@ class Reverse(Task):
 '''
 
 
-@pytest.mark.parametrize("task", ["visiting_order", "sorting", "grid_pathfinding", "addition", "user_tasks:Reverse"])
+@pytest.mark.parametrize("task", ["visiting_order", "sorting", "grid_pathfinding", "addition", "fresh_tasks:Reverse"])
 def test_a_run_of_every_task_loads_in_a_fresh_process(tmp_path, monkeypatch, capsys, task):
     "`load_run` in a process that imported only basedirected.runs: built-in tasks are registered with it, a user's module:Class is recorded and re-imported."
-    (tmp_path / "user_tasks.py").write_text(USER_TASK)
+    from basedirected.tasks import Task
+    monkeypatch.setattr(Task, "registry", dict(Task.registry))  # the user's task registers here, not for the tests after this one
+    monkeypatch.delitem(sys.modules, "fresh_tasks", raising=False)
+    (tmp_path / "fresh_tasks.py").write_text(USER_TASK)
     monkeypatch.chdir(tmp_path); monkeypatch.syspath_prepend(str(tmp_path))
     tiny = ["--n-train", "300", "--n-eval", "16", "--c-samples", "16", "--base-steps", "5", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
             "--d-ff", "32", "--steps", "2", "--batch-size", "4", "--eval-every", "2", "--checkpoint-every", "2", "--quiet", "--allow-failed-base",

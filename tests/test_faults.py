@@ -594,6 +594,16 @@ class CheckWrong(Pair):
 '''
 
 
+@pytest.fixture
+def user_tasks(tmp_path, monkeypatch):
+    "USER_TASKS as module user_tasks in the working directory, imported afresh, registering into a registry of this test's own."
+    from basedirected.tasks import Task
+    monkeypatch.setattr(Task, "registry", dict(Task.registry))
+    for name in ("user_tasks", "broken_module"): monkeypatch.delitem(sys.modules, name, raising=False)
+    (tmp_path / "user_tasks.py").write_text(USER_TASKS)
+    monkeypatch.chdir(tmp_path); monkeypatch.syspath_prepend(str(tmp_path))
+
+
 @pytest.mark.parametrize("spec, message", [
     ("user_tasks:RenderRaises", "task RenderRaises: sample raised KeyError: 'no such digit'"),
     ("user_tasks:RenderList", "task RenderList: render(x, 0) must return a tuple of token strings"),
@@ -604,18 +614,14 @@ class CheckWrong(Pair):
     ("broken_module:Pair", "task broken_module:Pair: importing 'broken_module' failed (NameError: name 'undefined_name' is not defined)"),
     (":Pair", "module:Class needs both a module and a class name"),
 ])
-def test_a_users_task_that_cannot_run_is_named_before_anything_is_written(tmp_path, capsys, monkeypatch, spec, message):
-    (tmp_path / "user_tasks.py").write_text(USER_TASKS)
+def test_a_users_task_that_cannot_run_is_named_before_anything_is_written(tmp_path, capsys, user_tasks, spec, message):
     (tmp_path / "broken_module.py").write_text("x = undefined_name\n")
-    monkeypatch.chdir(tmp_path); monkeypatch.syspath_prepend(str(tmp_path))
     code, line = cli(tmp_path / "run", "--task", spec, capsys=capsys)
     assert code == 2 and message in line, line
     assert not (tmp_path / "run").exists()  # no config.json, base.pt or reference_scale.json
 
 
-def test_a_users_task_that_works_trains_and_loads_back(tmp_path, capsys, monkeypatch):
-    (tmp_path / "user_tasks.py").write_text(USER_TASKS)
-    monkeypatch.chdir(tmp_path); monkeypatch.syspath_prepend(str(tmp_path))
+def test_a_users_task_that_works_trains_and_loads_back(tmp_path, capsys, user_tasks):
     code, line = cli(tmp_path / "run", "--task", "user_tasks:Pair", capsys=capsys)  # 100 inputs in all
     assert code == 2 and "task user_pair: cannot find enough unseen inputs" in line and not (tmp_path / "run").exists()
     assert cli(tmp_path / "run", "--task", "user_tasks:Pair", "--n-train", "40", "--n-eval", "16", capsys=capsys)[0] == 0
