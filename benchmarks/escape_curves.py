@@ -38,7 +38,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", required=True, help="a task name (visiting_order regimes via --regime)")
     p.add_argument("--regime", default=None, help="the task's preset")
-    p.add_argument("--objectives", default="theta,dist,celbo", help="comma-separated objective names")
+    p.add_argument("--objectives", default="theta,dist,celbo", help="comma-separated objective names; theta:ALPHA:GAMMA gives J_theta other "
+                   "token weights (theta alone is the default alpha 0.5, gamma 1)")
     p.add_argument("--taus", default="0.07,0.2", help="comma-separated tau (KL weight as a share of each objective's break-even)")
     p.add_argument("--posterior", default="exact", choices=("exact", "amortized", "exact+distill"))
     p.add_argument("--grad-clips", default="1", help="comma-separated gradient-norm clipping thresholds (1e6: no clipping in effect)")
@@ -68,12 +69,14 @@ def main(argv=None):
 
     def cell(c):
         obj, tau, clip, seed = c
-        d = out / (f"{a.posterior}-{obj}-t{tau}-s{seed}" + (f"-clip{clip:g}" if clip != 1 else ""))
+        name, *weights = obj.split(":")  # theta:ALPHA:GAMMA
+        weight_argv = ["--alpha", weights[0], "--gamma", weights[1]] if weights else []
+        d = out / (f"{a.posterior}-{obj.replace(':', '_')}-t{tau}-s{seed}" + (f"-clip{clip:g}" if clip != 1 else ""))
         d.mkdir(exist_ok=True)
         for f in BASE_FILES:
             if not (d / f).exists(): shutil.copy(base / f, d / f)
         t0 = time.time()
-        r = subprocess.run(["basedirected-train", "--run-dir", str(d), *common, "--objective", obj, "--tau", str(tau), "--seed", str(seed),
+        r = subprocess.run(["basedirected-train", "--run-dir", str(d), *common, "--objective", name, *weight_argv, "--tau", str(tau), "--seed", str(seed),
                             "--grad-clip", str(clip), "--posterior", a.posterior, "--steps", str(a.steps), "--eval-every", str(a.every), "--checkpoint-every", str(a.steps),
                             *([] if a.metrics else ["--no-metrics"]), "--allow-failed-base"], capture_output=True, text=True, env=env)
         if r.returncode: return c, None, r.stderr[-2000:]
