@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from .experiments import (PRESETS, Preset, RunSpec, check_base_gate, check_sweep_dir, clear_held_cells, finished, finished_record, plan,
-                                      prepare_shared_base, record_preset, run_pack)
+                                      prepare_shared_base, record_preset, run_pack, skipped_cells)
 from .groups import pack_groups
 from .model import ModelConfig
 from .runs import RunDir, atomic_write_json, check_writable, read_json
@@ -81,9 +81,10 @@ class PackJob:
         threads = torch.get_num_threads()
         try:
             # the first job of a base trains it, under the base's lock; the others wait and reuse it
-            for s in {(s.regime, s.config.data_seed): s for s in self.specs}.values():
-                check_base_gate(self.preset, s, prepare_shared_base(self.out, s, self.device))
-            run_pack(self.out, self.specs, self.device, False, self.compile)  # under the cells' locks: a second job of a cell waits, then finds it finished
+            usable = {key: check_base_gate(self.preset, s, prepare_shared_base(self.out, s, self.device))
+                      for key, s in {(s.regime, s.config.data_seed): s for s in self.specs}.items()}
+            specs = [s for s in self.specs if usable[(s.regime, s.config.data_seed)]]  # a skipped base's cells are not trained
+            if specs: run_pack(self.out, specs, self.device, False, self.compile)  # under the cells' locks: a second job of a cell waits, then finds it finished
         finally: torch.set_num_threads(threads)
         return self.keys
 
@@ -120,10 +121,11 @@ def preset_from_record(out: Path,  # a sweep directory, holding its preset.json
 def collect(out: Path,                    # the sweep's output directory
             preset: Preset | None = None,  # its preset (None: read from OUT/preset.json)
            ) -> tuple[list[dict], list[str]]:  # the finished cells' metrics records, the missing cells' keys
-    "The metrics of every finished cell of the sweep in `out` (in plan order) and the keys of the cells that are missing."
+    "The metrics of every finished cell of the sweep in `out` (in plan order) and the keys of the cells that are missing (a cell its preset skips is neither: `skipped_cells`)."
     preset = preset or preset_from_record(out)
-    records, missing = [], []
+    records, missing, skipped = [], [], skipped_cells(out, preset)
     for s in plan(preset):
+        if s.key in skipped: continue
         if (record := finished_record(out, s)) is not None: records.append(record)  # the sweep's own record (its key), its checkpoint readable
         else: missing.append(s.key)
     return records, missing

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import shlex
@@ -33,9 +34,9 @@ from .groups import pack_groups, train_group
 # %% auto #0
 __all__ = ['PRESETS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVATION', 'CUDA_CONTEXT_GIB', 'Preset', 'RunSpec',
            'cell_argv', 'plan', 'plan_cost', 'base_dir', 'lock_path', 'prepare_shared_base', 'check_base_gate',
-           'clear_cells', 'finished_record', 'finished', 'check_sweep_dir', 'record_preset', 'cell_locks',
-           'clear_held_cells', 'run_cell', 'run_group_cells', 'run_pack', 'die_with_parent', 'pack_memory_gib',
-           'DevicePlacer', 'cuda_budgets_gib', 'run_placed', 'execute']
+           'skipped_cells', 'clear_cells', 'finished_record', 'finished', 'check_sweep_dir', 'record_preset',
+           'cell_locks', 'clear_held_cells', 'run_cell', 'run_group_cells', 'run_pack', 'die_with_parent',
+           'pack_memory_gib', 'DevicePlacer', 'cuda_budgets_gib', 'run_placed', 'execute']
 
 # %% ../nbs/11_experiments.ipynb #7ef9c87a
 @dataclass(frozen=True)
@@ -48,6 +49,10 @@ class Preset:
     betas: tuple[float, ...] = ()        # absolute KL weights (--beta), the same number for every objective
     seeds: tuple[int, ...] = (0,)        # CVAE seeds
     base_seed: int | None = None         # one base per task shared by every CVAE seed (--base-seed); None: a base per seed
+    base_seeds: tuple[int, ...] = ()     # several bases per task, each shared by every CVAE seed: the base as a factor of the design
+                                         # (its cells' keys carry -b<seed>); () : base_seed alone
+    failed_bases: str = "refuse"         # a base that fails the quality gate: 'refuse' (the sweep stops) or 'skip' (its cells are not
+                                         # run; the report lists them), for designs with several bases whose gates another machine may change
     regimes: tuple[str, ...] = ("early",)  # regimes of the visiting-order task, or names of other tasks
     latents: tuple[str, ...] = ("discrete",)
     alpha_gamma: tuple[tuple[float, float], ...] = ((0.5, 1.0),)  # grid for `theta`
@@ -60,6 +65,8 @@ class Preset:
     evals: int = 3                       # held-out evaluations (and checkpoints) per run: the escape curve's points
     batch_size: int = 32
     grad_clip: float | None = None       # gradient-norm clipping of every run (--grad-clip; None: TrainConfig's); 1e6 leaves none in effect
+    lr: float | None = None              # the CVAE's learning rate (--lr; None: TrainConfig's)
+    lr_schedule: str | None = None       # 'cosine' or 'constant' after the warm-up (--lr-schedule; None: TrainConfig's)
     Ks: tuple[int, ...] = (3,)           # discrete codes
     posteriors: tuple[str, ...] = ("exact",)  # discrete posterior arms (continuous runs are always amortized)
     arms: tuple[dict, ...] = ()          # extra sub-grids: field overrides of this preset (e.g. an amortized arm)
@@ -73,6 +80,9 @@ class Preset:
     def __post_init__(self):
         if not self.taus and not self.betas: raise ValueError(f"preset {self.name}: give taus or betas")
         if self.evals < 1 or self.cvae_steps < self.evals: raise ValueError(f"preset {self.name}: evals must lie in [1, cvae_steps]")
+        if self.base_seeds and self.base_seed is not None: raise ValueError(f"preset {self.name}: give base_seed or base_seeds, not both")
+        if len(set(self.base_seeds)) != len(self.base_seeds): raise ValueError(f"preset {self.name}: base_seeds repeats a seed: {self.base_seeds}")
+        if self.failed_bases not in ("refuse", "skip"): raise ValueError(f"preset {self.name}: failed_bases must be 'refuse' or 'skip', got {self.failed_bases!r}")
 
 # %% ../nbs/11_experiments.ipynb #aeac46f4
 PRESETS = {
@@ -147,13 +157,15 @@ def cell_argv(preset: Preset,              # the sweep's sizes
               K: int = 3,                  # discrete codes
               beta: float | None = None,   # the cell's absolute KL weight...
               tau: float | None = None,    # ...or its share of the objective's break-even
+              base_seed: int | None = None,  # the base's data seed (None: the preset's base_seed)
              ) -> list[str]:
     "The `basedirected-train` options of one grid cell (its KL weight as `beta` or as `tau`)."
     every = max(preset.cvae_steps // preset.evals, 1)
     where = ["--task", regime] if regime in Task.registry else ["--regime", regime]  # a task name, or a regime of the visiting-order task
     weight = ["--tau", str(tau)] if tau is not None else ["--beta", str(beta)]
     argv = [*where, "--latent", latent, "--objective", objective, *weight, "--seed", str(seed)]
-    if preset.base_seed is not None: argv += ["--base-seed", str(preset.base_seed)]
+    base_seed = preset.base_seed if base_seed is None else base_seed
+    if base_seed is not None: argv += ["--base-seed", str(base_seed)]
     if preset.n_train is not None: argv += ["--n-train", str(preset.n_train)]
     if preset.base_steps is not None: argv += ["--base-steps", str(preset.base_steps)]
     if preset.base_strategy_draws is not None: argv += ["--base-strategy-draws", str(preset.base_strategy_draws)]
@@ -164,6 +176,8 @@ def cell_argv(preset: Preset,              # the sweep's sizes
              "--steps", str(preset.cvae_steps), "--batch-size", str(preset.batch_size), "--eval-every", str(every), "--checkpoint-every", str(every),
              "--n-routed", str(preset.n_routed), "--n-forced", str(preset.n_forced), "--threads", str(preset.threads)]
     if preset.grad_clip is not None: argv += ["--grad-clip", str(preset.grad_clip)]
+    if preset.lr is not None: argv += ["--lr", str(preset.lr)]
+    if preset.lr_schedule is not None: argv += ["--lr-schedule", preset.lr_schedule]
     if objective == "theta": argv += ["--alpha", str(alpha), "--gamma", str(gamma)]
     elif objective in ("tok", "tok_cc", "inv_tok"): argv += ["--gamma", str(gamma)]
     if preset.shared_prefix and latent == "discrete": argv += ["--shared-prefix"]
@@ -178,6 +192,12 @@ def plan(preset: Preset,  # a preset (its grid and arms)
     for arm in preset.arms: specs += [s for s in _grid(dataclasses.replace(preset, arms=(), **arm)) if s.key not in {t.key for t in specs}]
     return specs
 
+# %% ../nbs/11_experiments.ipynb #e5ef1ef4
+def _options_tag(preset: Preset) -> str:
+    "The part of a cell's key naming its training options that are not TrainConfig's defaults (clipping, learning rate and its schedule)."
+    return (("" if preset.grad_clip is None else f"-clip{preset.grad_clip:g}") + ("" if preset.lr is None else f"-lr{preset.lr:g}")
+            + ("" if preset.lr_schedule is None else f"-{preset.lr_schedule}"))
+
 # %% ../nbs/11_experiments.ipynb #2ff6a05a
 def _grid(preset: Preset) -> list[RunSpec]:
     specs, parser = [], build_parser()
@@ -189,12 +209,11 @@ def _grid(preset: Preset) -> list[RunSpec]:
                     for name in preset.objectives:
                         for alpha, gamma in (preset.alpha_gamma if name == "theta" else preset.alpha_gamma[:1]):
                             for axis, w in weights:
-                                for seed in preset.seeds:
+                                for base, seed in itertools.product(preset.base_seeds or (None,), preset.seeds):
                                     beta, tau = (w, None) if axis == "beta" else (None, w)
-                                    argv = cell_argv(preset, regime, latent, name, alpha, gamma, seed, posterior, K, beta=beta, tau=tau)
+                                    argv = cell_argv(preset, regime, latent, name, alpha, gamma, seed, posterior, K, beta=beta, tau=tau, base_seed=base)
                                     tag = f"_a{alpha}_g{gamma}" if name == "theta" else ""
-                                    clip = "" if preset.grad_clip is None else f"-clip{preset.grad_clip:g}"
-                                    key = f"{regime}-{latent}-{posterior}-K{K}-{name}{tag}-{axis[0]}{w}{clip}-s{seed}"
+                                    key = f"{regime}-{latent}-{posterior}-K{K}-{name}{tag}-{axis[0]}{w}{_options_tag(preset)}{'' if base is None else f'-base{base}'}-s{seed}"
                                     specs.append(RunSpec(key, name, beta, tau, seed, regime, latent, alpha, gamma, posterior, K, tuple(argv),
                                                          config_from_args(parser.parse_args(argv)), "--shared-prefix" in argv))
     return specs
@@ -243,14 +262,28 @@ def prepare_shared_base(out: Path,            # the sweep's directory
         prepare_reference_scale(d, base, vocab, train, FrozenReference(base), cfg, dev)
         return prepare_gate(d, base, vocab, cfg, held_out, dev)
 
-def check_base_gate(preset: Preset,  # the sweep (its gate exceptions)
+def check_base_gate(preset: Preset,  # the sweep (its gate exceptions and its failed_bases policy)
                     spec: RunSpec,   # a cell adapting from the base
                     gate: dict,      # the base's gate
-                   ) -> None:
-    "Refuse (`BaseGateError`) a shared base that fails the quality gate, unless `preset` names the exception."
-    if gate["passes"] or spec.regime in dict(preset.gate_exceptions): return
+                   ) -> bool:        # True: the base's cells run; False: the preset skips them
+    "Whether a shared base's cells run: yes if it passes the quality gate or `preset` names the exception; no under `failed_bases='skip'`; else `BaseGateError`."
+    if gate["passes"] or spec.regime in dict(preset.gate_exceptions): return True
+    if preset.failed_bases == "skip": return False
     raise BaseGateError(f"the {spec.regime} base (data seed {spec.config.data_seed}) fails the quality gate ({'; '.join(gate_failures(gate))}); "
                         f"preset {preset.name} names no exception for it: give the task a base recipe that passes, or add it to gate_exceptions with the reason")
+
+# %% ../nbs/11_experiments.ipynb #b0bf3b79
+def skipped_cells(out: Path,       # the sweep's directory
+                  preset: Preset,  # its preset (failed_bases)
+                 ) -> dict[str, str]:  # cell key -> why it is not run
+    "The cells a `failed_bases='skip'` preset does not run: those of every base whose gate, already written, fails (and names no exception)."
+    if preset.failed_bases != "skip": return {}
+    out, why = Path(out), {}
+    for s in plan(preset):
+        gate = base_dir(out, s.regime, s.config.data_seed) / "base_gate.json"
+        if gate.is_file() and not check_base_gate(preset, s, g := read_json(gate)):
+            why[s.key] = f"its base ({s.regime}, data seed {s.config.data_seed}) fails the quality gate: {'; '.join(gate_failures(g))}"
+    return why
 
 # %% ../nbs/11_experiments.ipynb #5bfc9cac
 def clear_cells(out: Path,              # the sweep's directory
@@ -491,8 +524,8 @@ def execute(out: Path,              # the sweep's directory
             progress: bool = True,  # progress bars
             group_size: int = 1,    # cells of one group_key trained as one group, at most this many
             compile: bool = False,  # compile each group's step
-           ) -> list[dict]:         # one metrics record per cell, in plan order
-    "Run every cell of `preset` under `out`, packing up to `group_size` cells that share a `group_key` into one trained group; returns one metrics record per run."
+           ) -> list[dict]:         # one metrics record per cell that ran (a skipped base's cells have none), in plan order
+    "Run every cell of `preset` under `out`, packing up to `group_size` cells that share a `group_key` into one trained group; returns one metrics record per run (`skipped_cells` names those a failed base skips)."
     threads = torch.get_num_threads()  # cells run in this process set the preset's thread count; the caller gets its own back
     try: return _execute(out, preset, jobs, device, force, progress, group_size, compile)
     finally: torch.set_num_threads(threads)
@@ -509,9 +542,11 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
     devices = [f"cuda:{i % n_gpu}" if n_gpu else device for i in range(len(packs))]
     records = {}
     if jobs <= 1:
-        for s in tqdm(list(shared.values()), desc="base models", disable=not progress): check_base_gate(preset, s, prepare_shared_base(out, s, device))
+        usable = {key: check_base_gate(preset, s, prepare_shared_base(out, s, device))
+                  for key, s in tqdm(list(shared.items()), desc="base models", disable=not progress)}
         bar = tqdm(total=len(specs), desc="runs", disable=not progress)
         for pack, dev in zip(packs, devices):
+            if not usable[(specs[pack[0]].regime, specs[pack[0]].config.data_seed)]: bar.update(len(pack)); continue
             bar.set_postfix_str(specs[pack[0]].key + (f" (+{len(pack) - 1} in its group)" if len(pack) > 1 else ""))
             records.update(zip(pack, run_pack(out, [specs[i] for i in pack], dev, force, compile))); bar.update(len(pack))
     else:
@@ -520,21 +555,25 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
             # the longest base trains first, and each run is queued once its own base is ready: no worker waits for another task's base
             order = sorted(shared.items(), key=lambda item: -item[1].config.base.steps)
             bases = {key: pool.submit(prepare_shared_base, out, s, devices[i % len(devices)]) for i, (key, s) in enumerate(order)}
-            checked = set()
+            usable = {}
             bar = tqdm(total=len(specs), desc="runs", disable=not progress)
-            def ready(pack):  # its bases trained and gated
+            def ready(pack) -> bool:  # its bases trained and gated: does it run?
                 for i in pack:
                     key = (specs[i].regime, specs[i].config.data_seed)
-                    gate = bases[key].result()
-                    if key not in checked: check_base_gate(preset, shared[key], gate); checked.add(key)
+                    if key not in usable: usable[key] = check_base_gate(preset, shared[key], bases[key].result())
+                return all(usable[(specs[i].regime, specs[i].config.data_seed)] for i in pack)
+            def skipped():  # a pack of a skipped base: done at once, with no record
+                from concurrent.futures import Future
+                f = Future(); f.set_result([]); return f
             if n_gpu:  # a pack starts only where its memory estimate fits beside those running (pack_memory_gib)
                 needs = [pack_memory_gib([specs[i].config for i in pack]) for pack in packs]
-                def submit(k, d): ready(packs[k]); return pool.submit(run_pack, out, [specs[i] for i in packs[k]], f"cuda:{d}", force, compile)
+                def submit(k, d):
+                    return pool.submit(run_pack, out, [specs[i] for i in packs[k]], f"cuda:{d}", force, compile) if ready(packs[k]) else skipped()
                 for k, f in run_placed(needs, DevicePlacer(cuda_budgets_gib()), submit, jobs): records.update(zip(packs[k], f.result())); bar.update(len(packs[k]))
             else:
                 futures = []
                 for pack, dev in zip(packs, devices):
-                    ready(pack); futures.append((pack, pool.submit(run_pack, out, [specs[i] for i in pack], dev, force, compile)))
+                    futures.append((pack, pool.submit(run_pack, out, [specs[i] for i in pack], dev, force, compile) if ready(pack) else skipped()))
                 for pack, f in futures: records.update(zip(pack, f.result())); bar.update(len(pack))
     bar.close()
-    return [records[i] for i in range(len(specs))]
+    return [records[i] for i in range(len(specs)) if i in records]

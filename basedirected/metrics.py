@@ -23,12 +23,13 @@ from .model import collate
 from .tasks import Example, Task, TaskCheck, rate_record
 
 # %% auto #0
-__all__ = ['ALIGNMENT_RULES', 'NULL_SAMPLES', 'entropy', 'latent_information', 'strategy_information', 'code_perplexity',
-           'aggregate_posterior_information', 'active_units', 'linear_probe_accuracy', 'rate_distortion',
-           'information_gain', 'code_semantics', 'matched_records', 'alignment_score', 'alignment_one_to_one',
-           'alignment_many_to_one', 'contingency_tables', 'permutation_tables', 'alignment_null', 'alignment_record',
-           'mean_record', 'generation_scores', 'MetricsConfig', 'generation_metrics',
-           'within_input_strategy_information', 'marginal_nll', 'break_even_beta', 'evaluate_model']
+__all__ = ['ALIGNMENT_RULES', 'NULL_SAMPLES', 'SETTLE_WINDOW', 'SETTLE_TOLERANCE', 'entropy', 'latent_information',
+           'strategy_information', 'code_perplexity', 'aggregate_posterior_information', 'active_units',
+           'linear_probe_accuracy', 'rate_distortion', 'information_gain', 'code_semantics', 'matched_records',
+           'alignment_score', 'alignment_one_to_one', 'alignment_many_to_one', 'contingency_tables',
+           'permutation_tables', 'alignment_null', 'alignment_record', 'posterior_meaning', 'mean_record',
+           'generation_scores', 'MetricsConfig', 'generation_metrics', 'within_input_strategy_information',
+           'marginal_nll', 'break_even_beta', 'settling', 'evaluate_model']
 
 # %% ../nbs/08_metrics.ipynb #20e5e798
 def entropy(p: torch.Tensor,   # probabilities, summing to 1 along `dim`
@@ -324,6 +325,18 @@ def alignment_record(counts,              # (K, S) code-by-strategy counts
         record[f"{name}_null"], record[f"{name}_excess"] = null[rule], record[name] - null[rule]
     return record
 
+# %% ../nbs/08_metrics.ipynb #8a4d639a
+def posterior_meaning(q: torch.Tensor,           # (N, K) posteriors q(z|x,y) of the held-out pairs
+                      strategies: torch.Tensor,  # (N,) the strategy that wrote each y (-1: unknown)
+                      n_strategies: int,         # |S|
+                     ) -> dict[str, float]:      # alignment_posterior and I_zs_norm, or {} where a strategy is unknown
+    "The posterior table's one-to-one alignment and $I(z;s)/H(s)$: what the codes mean at one evaluation (no null: a curve, not a verdict)."
+    if len(q) != len(strategies): raise ValueError(f"q and strategies must hold one row per pair, got {len(q)} and {len(strategies)}")
+    if len(q) == 0 or bool((strategies < 0).any()): return {}
+    counts = torch.zeros(q.shape[1], n_strategies, dtype=torch.float64)
+    counts.index_put_((q.argmax(-1).cpu(), strategies.cpu()), torch.ones(len(q), dtype=torch.float64), accumulate=True)
+    return {"alignment_posterior": alignment_score(counts), "I_zs_norm": strategy_information(q.double().cpu(), strategies.cpu())}
+
 # %% ../nbs/08_metrics.ipynb #d729238c
 def mean_record(name: str,            # the figure's name, the prefix of its keys
                 values: list[float],  # one value per input
@@ -484,6 +497,33 @@ def break_even_beta(task: Task,                       # a task with ideal and or
     return {"beta_star": gain.mean().item() / rate.mean().item(), "strategy_nats": rate.mean().item(),
             "objective_gain": gain.mean().item(), "reveal_weight": share.mean().item() if bool(has.any()) else float("nan"),
             "T_y_mean": T.mean().item(), "T_y_min": T.min().item(), "T_y_max": T.max().item(), "inv_T_y_mean": (1 / T).mean().item()}
+
+# %% ../nbs/08_metrics.ipynb #527e365b
+SETTLE_WINDOW = 0.2        # the last fifth of a run's steps
+SETTLE_TOLERANCE = 0.02    # nats of held-out rate KL(q || r)
+
+def settling(curve: list[tuple[int, float]],  # (step, held-out rate) at each evaluation, in step order
+             steps: int,                      # the run's last step T
+             window: float = SETTLE_WINDOW,   # the share of the run the rule looks at
+             tolerance: float = SETTLE_TOLERANCE,  # the largest rate range (nats) of a settled run
+             alignment: list[float] | None = None,  # the posterior alignment at the same evaluations, if logged
+            ) -> dict:                        # settled, rate_range_last, settle_window_from (and alignment_range_last)
+    "The stopping rule: the held-out rate's range over the evaluations of the last `window` of the run is below `tolerance`."
+    if not 0 < window < 1: raise ValueError(f"window must lie in (0, 1), got {window}")
+    if not tolerance > 0: raise ValueError(f"tolerance must be > 0, got {tolerance}")
+    if not curve or curve[-1][0] != steps: raise ValueError(f"the curve must end with an evaluation at the run's last step {steps}, got {curve[-1:] or 'no evaluation'}")
+    start = steps * (1 - window)
+    before = [i for i, (s, _) in enumerate(curve) if s <= start]
+    if not before: raise ValueError(f"no evaluation at or before step {start:g} (the start of the last {window:.0%}): evaluate more often to check the run")
+    tail = curve[before[-1]:]
+    rates = [r for _, r in tail]
+    if not all(math.isfinite(r) for r in rates): raise ValueError(f"a held-out rate in the window is not finite: {rates}")
+    out = {"settled": max(rates) - min(rates) < tolerance, "rate_range_last": max(rates) - min(rates), "settle_window_from": tail[0][0]}
+    if alignment is not None:
+        if len(alignment) != len(curve): raise ValueError(f"alignment needs one value per evaluation ({len(curve)}), got {len(alignment)}")
+        a = alignment[before[-1]:]
+        out["alignment_range_last"] = max(a) - min(a)
+    return out
 
 # %% ../nbs/08_metrics.ipynb #78e41a5c
 def evaluate_model(model: nn.Module,                 # a trained CVAE

@@ -21,6 +21,7 @@ import torch
 from .base import SurprisalCache
 from .cli import OneLineParser, add_dataclass_options, dataclass_from_args
 from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, submit_sweep
+from .comparisons import across_base_interval, sign_flip_pvalue, variance_components, within_base_interval
 from .experiments import PRESETS, execute
 from .train import NonFiniteError
 from .reconstruction import TERM_NAMES
@@ -29,34 +30,35 @@ from .weights import reference_weights
 
 # %% auto #0
 __all__ = ['TABLE_METRICS', 'GROUP_BY', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'PAIRED_METRICS', 'SUCCESS', 'CURVE_TERMS',
-           'aggregate', 'markdown_table', 'stats_markdown', 'write_results', 'holm', 'paired_difference',
-           'paired_statistics', 'success_counts', 'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse',
-           'figure_alignment', 'figure_escape', 'figure_curves', 'figure_gain_per_position', 'figure_weights',
-           'figure_paired', 'write_figures', 'write_base_gates', 'write_curves', 'write_reports', 'reference_minutes',
-           'preset_help', 'repro_main']
+           'aggregate', 'markdown_table', 'contrasts_markdown', 'stats_markdown', 'write_results', 'holm',
+           'paired_difference', 'paired_statistics', 'success_counts', 'base_contrasts', 'metric_components',
+           'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse', 'figure_alignment', 'figure_escape',
+           'figure_curves', 'figure_gain_per_position', 'figure_weights', 'figure_paired', 'write_figures',
+           'write_base_gates', 'write_curves', 'write_reports', 'reference_minutes', 'preset_help', 'repro_main']
 
 # %% ../nbs/12_reports.ipynb #ca5567ef
 _ALIGNMENTS = tuple(f"{pre}{a}_{t}{s}" for pre, t in (("", "posterior"), ("gen_", "controlled"), ("gen_", "controlled_all"))
                     for a in ("alignment", "purity") for s in ("", "_null", "_excess"))
-TABLE_METRICS = ("tau", "beta_effective", "beta_star", "rate", "rate_at_1_3", "rate_at_2_3", "gain_abs", "gain_frac", "gain_z", "drift", "I_zs_norm", "I_zxy", "code_perplexity",
+TABLE_METRICS = ("settled", "rate_range_last", "tau", "beta_effective", "beta_star", "rate", "rate_at_1_3", "rate_at_2_3", "gain_abs", "gain_frac", "gain_z", "drift", "I_zs_norm", "I_zxy", "code_perplexity",
                  "gen_valid_rate", "gen_answer_rate", "gen_answer_only_rate", "gen_forced_valid_rate", "gen_forced_answer_rate", "gen_classified_share",
                  "gen_routing_effect", "marginal_nll", "base_nll", "eval_theta", "eval_std",
                  "I_zs_norm_amortized", "amortized_agreement", "reveal_weight", "c_model", "c_data", "T_y_mean",
                  "I_zs_given_x_norm", *_ALIGNMENTS, "gen_coverage_mean", "gate_valid_rate", "gate_answer_only_accuracy")
-GROUP_BY = ("regime", "latent", "posterior", "K", "objective", "alpha", "gamma", "tau_target", "beta_target", "grad_clip")  # a row per group: seeds averaged
+GROUP_BY = ("regime", "latent", "posterior", "K", "objective", "alpha", "gamma", "tau_target", "beta_target", "grad_clip", "lr", "lr_schedule")  # a row per group: seeds (and bases) averaged
 
 # %% ../nbs/12_reports.ipynb #d2f1b3a6
-def _clip_tag(r: dict) -> str:
-    "' clip 1e+06' for a run whose gradient clipping is not the default (records from before clipping was a cell's coordinate have none)."
-    g = r.get("grad_clip")
-    return "" if g is None or g == TrainConfig().grad_clip else f" clip {g:g}"
+def _options_tag(r: dict) -> str:
+    "' clip 1e+06', ' lr 0.0003', ' constant': a run's training options that are not the defaults (records from before an option was a cell's coordinate have none)."
+    d, g, lr, schedule = TrainConfig(), r.get("grad_clip"), r.get("lr"), r.get("lr_schedule")
+    return ("" if g is None or g == d.grad_clip else f" clip {g:g}") + ("" if lr is None or lr == d.lr else f" lr {lr:g}") + (
+            "" if schedule is None or schedule == d.lr_schedule else f" {schedule}")
 
 # %% ../nbs/12_reports.ipynb #08b9cce3
 def _scalar_columns(records):
     cols = []
     for r in records:
         for k, v in r.items():
-            if k not in cols and isinstance(v, (int, float, str)) and not isinstance(v, bool): cols.append(k)
+            if k not in cols and isinstance(v, (int, float, str)): cols.append(k)  # a flag (settled) too: read back as a bool
     return cols
 
 # %% ../nbs/12_reports.ipynb #905b0322
@@ -68,14 +70,14 @@ def _group(r: dict) -> tuple:
 # %% ../nbs/12_reports.ipynb #85a5d3f6
 def aggregate(records: list[dict],  # one metrics record per run
              ) -> list[dict]:        # one row per group of GROUP_BY
-    "Mean, standard error and per-seed values (min, median, max, and all in seed order) over seeds per (regime, latent, posterior, K, objective, alpha, gamma, beta)."
+    "Mean, standard error and per-seed values (min, median, max, and all in seed order) over seeds (and bases) per group of `GROUP_BY`; `settled` is the share of runs that settled."
     groups = {}
     for r in records: groups.setdefault(_group(r), []).append(r)
     rows = []
-    for key, rs in sorted(groups.items(), key=lambda kv: tuple(str(v) for v in kv[0][:5]) + tuple(-1 if v is None else v for v in kv[0][5:])):
+    for key, rs in sorted(groups.items(), key=lambda kv: tuple(str(v) for v in kv[0][:5]) + tuple((v is not None, -1 if v is None else v) for v in kv[0][5:])):
         row = dict(zip(GROUP_BY, key))
         row["objective"] = row["objective"] if row["objective"] != "theta" else f"theta(a={row['alpha']},g={row['gamma']})"
-        rs = sorted(rs, key=lambda r: r.get("seed", 0))
+        rs = sorted(rs, key=lambda r: (r.get("base_seed") or 0, r.get("seed", 0)))
         row["seeds"] = len(rs)
         for m in TABLE_METRICS:
             vals = [r[m] for r in rs if isinstance(r.get(m), (int, float)) and math.isfinite(r[m])]
@@ -84,7 +86,7 @@ def aggregate(records: list[dict],  # one metrics record per run
             se = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1) / len(vals)) if len(vals) > 1 else float("nan")
             row[m], row[m + "_se"] = mean, se
             row[m + "_min"], row[m + "_median"], row[m + "_max"] = min(vals), statistics.median(vals), max(vals)
-            row[m + "_seeds"] = " ".join(f"{v:.4g}" for v in vals)  # every seed's value, in seed order
+            row[m + "_seeds"] = " ".join(f"{v:.4g}" for v in vals)  # every seed's value, in (base and) seed order
         rows.append(row)
     return rows
 
@@ -106,7 +108,7 @@ def markdown_table(rows: list[dict],         # `aggregate`'s rows
     head = ["regime", "latent", "posterior", "K", "objective", "KL weight", "seeds", *metrics]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        weight = (f"τ {r['tau_target']:g}" if r.get("tau_target") is not None else f"β {r['beta_target']:g}" if r.get("beta_target") is not None else "—") + _clip_tag(r)
+        weight = (f"τ {r['tau_target']:g}" if r.get("tau_target") is not None else f"β {r['beta_target']:g}" if r.get("beta_target") is not None else "—") + _options_tag(r)
         cells = [r["regime"], r["latent"], str(r.get("posterior", "")), str(r.get("K", "")), r["objective"], weight, str(r["seeds"])]
         for m in metrics:
             if m not in r: cells.append("—"); continue
@@ -115,6 +117,19 @@ def markdown_table(rows: list[dict],         # `aggregate`'s rows
             cells.append(f"{r[m]:.3f}" + ("" if math.isnan(se) else f" ± {se:.3f}") + per_seed)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n" + (f"\n{legend}\n" if legend else "")
+
+# %% ../nbs/12_reports.ipynb #24c144d1
+def contrasts_markdown(rows: list[dict],  # `base_contrasts`'s rows
+                      ) -> str:          # one Markdown table row each
+    "`base_contrasts` as a Markdown table: the mean, its within-base and across-base 95 % intervals, the p-values and the variance components."
+    f = lambda v: "—" if not (isinstance(v, float) and math.isfinite(v)) else f"{v:.3g}"
+    lines = ["| task | cell | comparison | metric | bases | pairs | mean | within base [95 %] | across bases [95 %] | p across (Holm) | sign-flip p | var base | var seed |",
+             "|" + "---|" * 13]
+    for r in rows:
+        lines.append(f"| {r['regime']} | {r['cell']} | {r['comparison']} | {r['metric']} | {r['bases']} | {r['n']} | {r['mean']:+.3f} | "
+                     f"[{r['within_lo']:+.3f}, {r['within_hi']:+.3f}] | [{r['across_lo']:+.3f}, {r['across_hi']:+.3f}] | {f(r['across_p'])} ({f(r.get('across_p_holm'))}) | "
+                     f"{f(r['sign_flip_p'])} | {f(r['var_base'])} | {f(r['var_seed'])} |")
+    return "\n".join(lines) + "\n"
 
 # %% ../nbs/12_reports.ipynb #d08f946e
 def _csv_bytes(rows: list[dict], cols: list[str]) -> bytes:
@@ -142,10 +157,15 @@ def write_results(out: Path,             # the sweep's output directory
     atomic_write_bytes(out / "table.csv", _csv_bytes(rows, _scalar_columns(rows)))
     atomic_write_bytes(out / "table.md", markdown_table(rows, legend=TABLE_LEGEND).encode())
     stats = paired_statistics(records)
-    cols = ["regime", "cell", "posterior", "K", "comparison", "metric", "n", "mean", "ci_lo", "ci_hi", "p", "p_holm", "seeds"]
+    cols = ["regime", "cell", "posterior", "K", "comparison", "metric", "n", "mean", "ci_lo", "ci_hi", "p", "p_holm", "unsettled_left_out", "seeds"]
     atomic_write_bytes(out / "stats.csv", _csv_bytes(stats, cols))
     atomic_write_bytes(out / "stats.md", stats_markdown(stats).encode())
     atomic_write_bytes(out / "success.csv", _csv_bytes(success_counts(records), ["regime", "cell", "posterior", "K", "objective", "success", "success_n", "success_lo", "success_hi"]))
+    if contrasts := base_contrasts(records):  # several bases per task: the base as a factor
+        atomic_write_bytes(out / "contrasts.csv", _csv_bytes(contrasts, list(contrasts[0]) + ["across_p_holm"] * ("across_p_holm" not in contrasts[0])))
+        atomic_write_bytes(out / "contrasts.md", contrasts_markdown(contrasts).encode())
+        components = metric_components(records)
+        atomic_write_bytes(out / "variance.csv", _csv_bytes(components, list(components[0]) if components else ["regime"]))
 
 # %% ../nbs/12_reports.ipynb #9b2d5b54
 PAIRED_METRICS = ("gen_alignment_controlled_all_excess", "I_zs_norm", "I_zs_given_x_norm", "gain_z", "drift", "gen_answer_rate")
@@ -172,31 +192,55 @@ def paired_difference(diffs: list[float],  # the per-seed differences d_i
     return {"n": n, "mean": mean, "ci_lo": float(ci.low), "ci_hi": float(ci.high), "p": float(t.pvalue)}
 
 # %% ../nbs/12_reports.ipynb #795dc306
+def _arm(r: dict) -> str:
+    "A record's objective as an arm of a comparison: 'theta' for J_theta's default weights (alpha 0.5, gamma 1), theta(a=..,g=..) for any other."
+    if r["objective"] != "theta" or (r.get("alpha"), r.get("gamma")) in ((0.5, 1.0), (None, None)): return r["objective"]
+    return f"theta(a={r['alpha']:g},g={r['gamma']:g})"
+
+def _comparisons(arms) -> list[tuple[str, str]]:
+    "Every J_theta arm (the default first) against every other arm it precedes: (baseline, other) pairs."
+    arms = sorted(arms, key=lambda a: (a != "theta", not a.startswith("theta"), a))
+    return [(a, b) for i, a in enumerate(arms) if a.startswith("theta") for b in arms[i + 1:]]
+
+def _unit(r: dict) -> tuple:
+    "What a paired comparison pairs on: the base (its data seed) and the CVAE seed."
+    return (r.get("base_seed"), r["seed"])
+
 def _cell(r: dict) -> str:
     "A record's cell as written in tables: 'tau 0.07' or 'beta 0.05', with ' clip 1e+06' where its gradient clipping is not the default."
     weight = f"tau {r['tau_target']:g}" if r.get("tau_target") is not None else f"beta {r.get('beta_target', r.get('beta')):g}"
-    return weight + _clip_tag(r)
+    return weight + _options_tag(r)
 
-def paired_statistics(records: list[dict],                 # one metrics record per run
-                      baseline: str = "theta",             # the objective compared with every other
-                      metrics: tuple[str, ...] = PAIRED_METRICS,  # the metrics compared
-                     ) -> list[dict]:                      # a row per (task, cell, comparison, metric), Holm across tasks
-    "Paired differences baseline − X per task, cell and metric, over the seeds that ran both (same base, data and CVAE seed)."
+def _paired_units(records: list[dict]) -> dict:
+    "Discrete-latent records by (task, cell, posterior, K), then arm, then unit (base, seed)."
     by = {}
     for r in records:
-        if r.get("latent") != "discrete": continue
-        by.setdefault((r["regime"], _cell(r), r.get("posterior"), r.get("K")), {}).setdefault(r["objective"], {})[r["seed"]] = r
+        if r.get("latent") == "discrete": by.setdefault((r["regime"], _cell(r), r.get("posterior"), r.get("K")), {}).setdefault(_arm(r), {})[_unit(r)] = r
+    return by
+
+def _pairs(objs: dict, a: str, b: str, metric: str) -> tuple[list[tuple], list[float], int]:
+    "The units both arms ran, their differences a − b in `metric` (settled runs only) and how many unsettled pairs were left out."
+    units, diffs, unsettled = [], [], 0
+    for u in sorted(set(objs[a]) & set(objs[b]), key=lambda u: tuple(-1 if v is None else v for v in u)):
+        x, y = objs[a][u], objs[b][u]
+        if x.get("settled") is False or y.get("settled") is False: unsettled += 1; continue  # no conclusion from a run still moving
+        if isinstance(x.get(metric), (int, float)) and isinstance(y.get(metric), (int, float)): units.append(u); diffs.append(x[metric] - y[metric])
+    return units, diffs, unsettled
+
+def paired_statistics(records: list[dict],                 # one metrics record per run
+                      metrics: tuple[str, ...] = PAIRED_METRICS,  # the metrics compared
+                     ) -> list[dict]:                      # a row per (task, cell, comparison, metric), Holm across tasks
+    "Paired differences J_theta − X per task, cell and metric over the units (base, CVAE seed) that ran both, unsettled runs left out (`_comparisons`: every J_theta arm against the arms after it)."
     rows = []
-    for (regime, cell, posterior, K), objs in sorted(by.items(), key=lambda kv: tuple(map(str, kv[0]))):
-        if baseline not in objs: continue
-        for other in sorted(o for o in objs if o != baseline):
-            seeds = sorted(set(objs[baseline]) & set(objs[other]))
+    for (regime, cell, posterior, K), objs in sorted(_paired_units(records).items(), key=lambda kv: tuple(map(str, kv[0]))):
+        for a, b in _comparisons(objs):
             for m in metrics:
-                pairs = [(objs[baseline][s].get(m), objs[other][s].get(m)) for s in seeds]
-                diffs = [a - b for a, b in pairs if isinstance(a, (int, float)) and isinstance(b, (int, float))]
+                units, diffs, unsettled = _pairs(objs, a, b, m)
                 if not diffs: continue
-                rows.append({"regime": regime, "cell": cell, "posterior": posterior, "K": K, "comparison": f"{baseline} - {other}", "metric": m,
-                             **paired_difference(diffs), "seeds": " ".join(str(s) for s in seeds)})
+                one_base = len({u[0] for u in units}) == 1
+                rows.append({"regime": regime, "cell": cell, "posterior": posterior, "K": K, "comparison": f"{a} - {b}", "metric": m,
+                             **paired_difference(diffs), "unsettled_left_out": unsettled,
+                             "seeds": " ".join(str(s) if one_base else f"{base}:{s}" for base, s in units)})
     families = {}
     for i, r in enumerate(rows): families.setdefault((r["cell"], r["posterior"], r["K"], r["comparison"], r["metric"]), []).append(i)
     for members in families.values():
@@ -214,6 +258,52 @@ def success_counts(records: list[dict],  # one metrics record per run
     return [{"regime": g[0], "cell": g[1], "posterior": g[2], "K": g[3], "objective": g[4], **rate_record("success", sum(map(ok, rs)), len(rs))}
             for g, rs in sorted(by.items(), key=lambda kv: tuple(map(str, kv[0])))]
 
+# %% ../nbs/12_reports.ipynb #3bf13258
+def base_contrasts(records: list[dict],                        # one metrics record per run
+                   metrics: tuple[str, ...] = PAIRED_METRICS,  # the metrics compared
+                  ) -> list[dict]:                             # a row per (task, cell, comparison, metric) with >= 2 bases
+    "Paired contrasts with the base as a factor: within-base and across-base intervals, the exact sign-flip p over units, the variance components; Holm across tasks on the across-base p."
+    rows = []
+    for (regime, cell, posterior, K), objs in sorted(_paired_units(records).items(), key=lambda kv: tuple(map(str, kv[0]))):
+        for a, b in _comparisons(objs):
+            for m in metrics:
+                units, diffs, unsettled = _pairs(objs, a, b, m)
+                by_base = {}
+                for (base, _), d in zip(units, diffs): by_base.setdefault(base, []).append(d)
+                if len(by_base) < 2: continue
+                w, x = within_base_interval(by_base), across_base_interval(by_base)
+                try: vc = variance_components(by_base)
+                except ValueError: vc = {}
+                rows.append({"regime": regime, "cell": cell, "posterior": posterior, "K": K, "comparison": f"{a} - {b}", "metric": m,
+                             "bases": len(by_base), "n": len(diffs), "mean": x["mean"], "within_lo": w["lo"], "within_hi": w["hi"],
+                             "across_lo": x["lo"], "across_hi": x["hi"], "across_p": x["p"],
+                             "sign_flip_p": sign_flip_pvalue(diffs) if len(diffs) <= 20 else float("nan"),
+                             "var_base": vc.get("var_base", float("nan")), "var_seed": vc.get("var_seed", float("nan")),
+                             "base_means": " ".join(f"{k}:{sum(v) / len(v):+.4f}" for k, v in by_base.items()), "unsettled_left_out": unsettled})
+    families = {}
+    for i, r in enumerate(rows): families.setdefault((r["cell"], r["posterior"], r["K"], r["comparison"], r["metric"]), []).append(i)
+    for members in families.values():
+        for i, p in zip(members, holm([rows[i]["across_p"] for i in members])): rows[i]["across_p_holm"] = p
+    return rows
+
+# %% ../nbs/12_reports.ipynb #51897a1c
+def metric_components(records: list[dict],                        # one metrics record per run
+                      metrics: tuple[str, ...] = PAIRED_METRICS,  # the metrics split
+                     ) -> list[dict]:                             # a row per (task, cell, posterior, K, arm, metric) with >= 2 bases
+    "Each metric's variance split into base-to-base and seed-to-seed (REML and ANOVA moments) per task, cell and arm, settled runs only."
+    rows = []
+    for (regime, cell, posterior, K), objs in sorted(_paired_units(records).items(), key=lambda kv: tuple(map(str, kv[0]))):
+        for arm, units in sorted(objs.items()):
+            for m in metrics:
+                by_base = {}
+                for (base, _), r in sorted(units.items(), key=lambda kv: tuple(-1 if v is None else v for v in kv[0])):
+                    if r.get("settled") is not False and isinstance(r.get(m), (int, float)): by_base.setdefault(base, []).append(r[m])
+                try: vc = variance_components(by_base)
+                except ValueError: continue  # fewer than two bases with two seeds each
+                rows.append({"regime": regime, "cell": cell, "posterior": posterior, "K": K, "arm": arm, "metric": m, "bases": len(by_base),
+                             "n": sum(map(len, by_base.values())), **vc})
+    return rows
+
 # %% ../nbs/12_reports.ipynb #be4d44e0
 CURVE_TERMS = tuple(t for t in TERM_NAMES if t not in ("topk", "mean1", "inv_tok"))  # the terms drawn in the training curves
 
@@ -230,18 +320,19 @@ def _save(fig, out: Path, name: str):
 
 def read_results(out: Path,        # the sweep's output directory
                 ) -> list[dict]:  # one row per run
-    "The rows of `out/results.csv`, numbers as floats and empty cells as None (a tau cell has no beta target, a beta cell no tau target)."
+    "The rows of `out/results.csv`, numbers as floats, flags as bools and empty cells as None (a tau cell has no beta target, a beta cell no tau target)."
     rows = list(csv.DictReader(open(Path(out) / "results.csv")))
     for r in rows:
         for k, v in r.items():
             if v == "": r[k] = None; continue
+            if v in ("True", "False"): r[k] = v == "True"; continue
             try: r[k] = float(v)
             except (TypeError, ValueError): pass
     return rows
 
 def _label(r):
     "A run's line label: objective (with alpha, gamma for theta), its clipping where not the default and, for a discrete latent, the posterior."
-    name = (r["objective"] if r["objective"] != "theta" else f"theta(a={r['alpha']:g},g={r['gamma']:g})") + _clip_tag(r)
+    name = (r["objective"] if r["objective"] != "theta" else f"theta(a={r['alpha']:g},g={r['gamma']:g})") + _options_tag(r)
     return name + (f" [{r['posterior']}]" if r.get("posterior") not in (None, "") and r.get("latent") == "discrete" else "")
 
 def _target(r: dict) -> tuple:
@@ -340,7 +431,7 @@ def figure_escape(out: Path,              # the sweep's output directory (the fi
         cfg = read_json(rd.config)["config"]
         if cfg["seed"] != seed or not rd.path.name.startswith(f"{regime}-") or cfg["cvae"]["latent"] != "discrete": continue
         cell = ("τ", cfg["train"]["tau"]) if cfg["train"].get("tau") is not None else ("β", cfg["train"]["beta"]["beta"])
-        runs.setdefault((cfg["cvae"]["posterior"], cfg["objective"] + _clip_tag(cfg["train"])), []).append((cell, rd))
+        runs.setdefault((cfg["cvae"]["posterior"], cfg["objective"] + _options_tag(cfg["train"])), []).append((cell, rd))
     panels = sorted(runs)
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(3.6 * max(len(panels), 1), 3.0), squeeze=False, sharey=True)
     for ax, key in zip(axes[0], panels):

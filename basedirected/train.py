@@ -21,7 +21,7 @@ import torch.nn as nn
 from .base import gate_failures
 from .conventions import trusted_values
 from .cvae import objective_terms, posterior_forward
-from .metrics import break_even_beta, evaluate_model
+from .metrics import break_even_beta, evaluate_model, posterior_meaning, settling
 from .objective import loss_reference_weights
 from .runs import (Run, RunConfig, TrainConfig, atomic_torch_save, atomic_write_json, barrier, exclusive_run_dir, gather_floats, load_checkpoint,
                                load_trained_state, prepare_run, read_json, read_log, shard_indices, trained_state, truncate_log)
@@ -36,12 +36,12 @@ __all__ = ['evaluate', 'NonFiniteError', 'check_batch_split', 'train_step', 'One
 def evaluate(run: Run,                 # a prepared run (any backbone)
              beta: float,              # KL weight of the reported loss
              batch_size: int = 128,    # held-out examples per forward pass
-            ) -> dict[str, float]:     # every term, 'kl', 'recon' and 'loss'
-    "Every term and the KL on the run's held-out rows, example-weighted means over batches (a continuous latent's noise seeded by the run's seed and the batch)."
+            ) -> dict[str, float]:     # every term, 'kl', 'recon' and 'loss' (and, with a discrete latent and known strategies, what the codes mean)
+    "Every term and the KL on the run's held-out rows, example-weighted means over batches (a continuous latent's noise seeded by the run's seed and the batch); the posterior table's alignment and $I(z;s)/H(s)$ where the strategies are known."
     model, rows, cache = run.model, run.eval_rows, run.eval_cache
     was_training = model.training
     model.eval()
-    totals, n = {}, 0
+    totals, n, qs = {}, 0, []
     for i in range(0, len(rows), batch_size):
         idx = torch.arange(i, min(i + batch_size, len(rows)))
         b, mask = cache.lookup(idx)
@@ -49,8 +49,11 @@ def evaluate(run: Run,                 # a prepared run (any backbone)
         out = posterior_forward(model, rows.select(idx), b, mask, run.c_ref, run.config.loss, beta, torch.Generator().manual_seed(run.config.seed + i))
         for k, v in objective_terms(out, b, mask, run.c_ref, beta, run.config.loss).items(): totals[k] = totals.get(k, 0.0) + v.item() * len(idx)
         n += len(idx)
+        if out.q is not None: qs.append(out.q.float().cpu())
     model.train(was_training)
-    return {k: v / n for k, v in totals.items()}
+    strategies = torch.tensor([e.strategy for e in run.held_out])
+    meaning = posterior_meaning(torch.cat(qs), strategies, int(strategies.max()) + 1) if qs and len(strategies) == n else {}
+    return {**{k: v / n for k, v in totals.items()}, **meaning}
 
 # %% ../nbs/10_train.ipynb #c2dd395d
 class NonFiniteError(RuntimeError):
@@ -321,6 +324,15 @@ def compile_cvae(model: nn.Module,  # a CVAE (its generator and posterior backbo
     for name in ("generator", "posterior"): getattr(model, name).compile(dynamic=True)
     return model
 
+# %% ../nbs/10_train.ipynb #523b1164
+def _settling(evals: list[dict],  # the run's held-out evaluation records, in step order
+              steps: int,         # its last step
+             ) -> dict:           # `settling`'s figures; settled None where the evaluations cannot tell
+    "The stopping rule on a run's logged evaluations (the posterior alignment's range too where every evaluation logged it)."
+    aligned = [e.get("alignment_posterior") for e in evals]
+    try: return settling([(e["step"], e["kl"]) for e in evals], steps, alignment=aligned if None not in aligned else None)
+    except ValueError as e: return {"settled": None, "settle_note": str(e)}
+
 # %% ../nbs/10_train.ipynb #e8235555
 def run_metrics(run: Run,             # a trained run
                 final: dict,          # its final held-out terms (`train_run`)
@@ -332,13 +344,14 @@ def run_metrics(run: Run,             # a trained run
                              c_ref=run.c_ref, loss=cfg.loss, beta=beta, reference=run.reference)
     diag = break_even_beta(run.task, run.held_out, run.eval_cache, run.c_ref, cfg.loss)
     scales = read_json(run.dir.scale)
-    evals = {r["step"]: r["kl"] for r in run.log() if r["split"] == "eval"}  # how fast z escaped: held-out rate over training
+    log = [r for r in run.log() if r["split"] == "eval"]
+    evals = {r["step"]: r["kl"] for r in log}  # how fast z escaped: held-out rate over training
     rate_at = lambda step: next((evals[k] for k in sorted(evals, reverse=True) if k <= step), None)  # the last held-out rate by `step`
     third = max(cfg.train.steps // 3, 1)
     record = {"task": cfg.task.name, "objective": cfg.objective, "seed": cfg.seed, "beta_effective": beta,
               "c_model": scales["model"]["value"], "c_data": scales["data"]["value"],
               **diag, "tau": beta / diag["beta_star"] if diag.get("beta_star") else None, "tau_target": cfg.train.tau, "base_seed": cfg.data_seed,
-              "rate_at_1_3": rate_at(third), "rate_at_2_3": rate_at(2 * third),
+              "rate_at_1_3": rate_at(third), "rate_at_2_3": rate_at(2 * third), **_settling(log, cfg.train.steps),
               **{f"gate_{k}{s}": run.gate[k + s] for k in ("answer_only_accuracy", "valid_rate", "answer_accuracy") for s in ("", "_n", "_lo", "_hi")},
               **{f"gate_{k}": run.gate[k] for k in ("strategy_gap", "surprisal_excess")},
               "gate_passes": float(run.gate["passes"]), **{f"eval_{k}": v for k, v in final.items()}, **metrics}
