@@ -179,6 +179,8 @@ OBJECTIVE_OPTIONS: tuple[Option, ...] = (  # the latent, the objective and its K
     Option("--K", "cvae.K", "latent"),
     Option("--latent-dim", "cvae.latent_dim", "latent", backbones=_TINY),
     Option("--code-init-noise", "cvae.code_init_noise", "latent"),
+    Option("--router", "cvae.router", "latent", choices=("input", "marginal"), backbones=_TINY),
+    Option("--coupling", "cvae.coupling", "latent", backbones=_TINY),
     Option("--posterior", "cvae.posterior", "latent", choices=("amortized", "exact", "exact+distill")),
     Option("--allow-inert", None, "latent", "allow --K 1, whose discrete latent is inert by construction (a control)", default=False),
     Option("--objective", None, "objective", "the compared objective: reconstruction stack and KL treatment; theta is "

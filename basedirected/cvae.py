@@ -19,12 +19,14 @@ from .surprisal import token_surprisal
 from .tasks import Example, Vocab
 
 # %% auto #0
-__all__ = ['POSTERIORS', 'CVAEConfig', 'CVAEOutput', 'pooled_hidden', 'with_posterior', 'DiscreteCVAE',
-           'shared_prefix_code_losses', 'ContinuousCVAE', 'build_cvae', 'cvae_forward', 'exact_posterior_logits',
-           'exact_objective', 'posterior_forward', 'exact_posterior', 'objective_terms', 'router_logits']
+__all__ = ['POSTERIORS', 'ROUTERS', 'CVAEConfig', 'CVAEOutput', 'pooled_hidden', 'with_posterior', 'DiscreteCVAE',
+           'ResponseCodeClassifier', 'shared_prefix_code_losses', 'ContinuousCVAE', 'build_cvae', 'cvae_forward',
+           'exact_posterior_logits', 'exact_objective', 'posterior_forward', 'exact_posterior', 'objective_terms',
+           'router_logits']
 
 # %% ../nbs/07_cvae.ipynb #b06353b4
 POSTERIORS = ("amortized", "exact", "exact+distill")
+ROUTERS = ("input", "marginal")  # r(z|x), or one r(z) for every input
 
 @dataclass(frozen=True)
 class CVAEConfig:
@@ -35,6 +37,11 @@ class CVAEConfig:
     code_init_noise: float = 0.02  # relative size of the noise on the code embeddings, which starts their symmetry breaking (notebook 07a)
     n_samples: int = 1             # continuous: reparameterized samples per example
     posterior: str = "amortized"   # discrete: 'amortized' q_xi, 'exact' q*, or 'exact+distill' (q* trains q_xi too)
+    router: str = "input"          # discrete: 'input', the router r(z|x) read from the generator at <z>; 'marginal', one learned r(z)
+                                   # for every input (a prior that cannot follow a per-input relabelling of the codes: notebook 07a)
+    coupling: float = 0.0          # discrete, an extension beyond the seeds' objective (off at 0): the term lambda E_q[-log c_psi(z|y)],
+                                   # c_psi a classifier of the code from the response alone (notebook 07a), with lambda = coupling x the
+                                   # step's KL weight beta (so that, like tau, one value means the same on every objective's scale)
     def __post_init__(self):
         if self.latent not in ("discrete", "continuous"): raise ValueError(f"latent must be 'discrete' or 'continuous', got {self.latent!r}")
         if self.posterior not in POSTERIORS: raise ValueError(f"posterior must be one of {', '.join(POSTERIORS)}, got {self.posterior!r}")
@@ -42,7 +49,15 @@ class CVAEConfig:
         for name in ("K", "latent_dim", "n_samples"):
             if getattr(self, name) < 1: raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.code_init_noise < float("inf"): raise ValueError(f"code_init_noise must be finite and >= 0, got {self.code_init_noise}")
-    def to_dict(self): return asdict(self)
+        if self.router not in ROUTERS: raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
+        if not 0 <= self.coupling < float("inf"): raise ValueError(f"coupling must be finite and >= 0, got {self.coupling}")
+        if self.latent == "continuous" and (self.router != "input" or self.coupling): raise ValueError("router 'marginal' and coupling need latent 'discrete'")
+    def to_dict(self) -> dict:
+        "The fields, `router` and `coupling` only where they are not the defaults: a run directory or sweep cell written before they existed is the same run."
+        d = asdict(self)
+        if self.router == "input": del d["router"]
+        if self.coupling == 0: del d["coupling"]
+        return d
 
 @dataclass
 class CVAEOutput:
@@ -58,6 +73,8 @@ class CVAEOutput:
     r_logits: torch.Tensor | None = None  # (B, K) discrete router logits
     q_logits: torch.Tensor | None = None  # (B, K) discrete amortized posterior logits (None for the exact posterior alone)
     distill: torch.Tensor | None = None   # (B,) exact+distill: cross-entropy of q_xi to the stop-gradient q*
+    coupling_nll: torch.Tensor | None = None  # (B, K) -log c_psi(k|y): the coupling term's cost of each code (None: no coupling)
+    coupling_weight: float = 0.0          # its lambda (coupling x beta, set by `posterior_forward`)
 
 # %% ../nbs/07_cvae.ipynb #762acd48
 def pooled_hidden(backbone: CausalLM,  # the posterior's backbone
@@ -96,6 +113,9 @@ class DiscreteCVAE(nn.Module):
         self.posterior = copy.deepcopy(base).train().requires_grad_(True)
         self.posterior_head = nn.Linear(base.d_model, config.K)
         self.shared_prefix = False  # compute the prompt once for all K codes (`shared_prefix_code_losses`); same numbers
+        if config.router == "marginal": self.prior_logits = nn.Parameter(torch.zeros(config.K))  # r(z), uniform at the start
+        if config.coupling > 0:
+            self.code_classifier = ResponseCodeClassifier(len(vocab), base.d_model, config.K, getattr(getattr(base, 'config', None), 'max_len', 256))
         nn.init.zeros_(self.posterior_head.weight); nn.init.zeros_(self.posterior_head.bias)
         with torch.no_grad():
             emb = self.generator.get_input_embeddings().weight
@@ -121,10 +141,33 @@ class DiscreteCVAE(nn.Module):
             # r(z|x): the generator's next-token logits at <z>, restricted to the codes (rows k = 0 of each example)
             at_z = logits.view(B, K, logits.shape[1], -1)[torch.arange(B, device=logits.device), 0, gen.latent_position.view(B, K)[:, 0] - 1]
             r_logits = at_z[:, self.code_ids].float()
+        if self.config.router == "marginal": r_logits = self.prior_logits.float().expand(B, K)  # the same r(z) for every input
         out = CVAEOutput(None, mask, None, None, r=torch.softmax(r_logits, -1), nll_per_code=per_code, r_logits=r_logits)
+        if self.config.coupling > 0:
+            out.coupling_nll = -torch.log_softmax(self.code_classifier(rows.base).float(), -1)  # its weight needs beta: `posterior_forward`
         if self.config.posterior == "exact": return out  # q* needs the objective: see `posterior_forward`
         out.q_logits = self.posterior_logits(rows).float()
         return with_posterior(out, out.q_logits)
+
+# %% ../nbs/07_cvae.ipynb #548686f5
+class ResponseCodeClassifier(nn.Module):
+    "$c_\\psi(z|y)$: logits of the code from the response tokens alone (a mean of token and position embeddings, then a small MLP)."
+    def __init__(self, vocab_size: int,  # the run's vocabulary size
+                 d: int,                 # embedding width
+                 K: int,                 # codes
+                 max_len: int):          # longest response (its positions are embedded)
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab_size, d), nn.Embedding(max_len, d)
+        self.mlp = nn.Sequential(nn.Linear(d, d), nn.Tanh(), nn.Linear(d, K))
+        nn.init.zeros_(self.mlp[-1].weight); nn.init.zeros_(self.mlp[-1].bias)  # uniform at the start: the term is log K
+
+    def forward(self, batch: Batch) -> torch.Tensor:  # (B, K) logits
+        T = batch.width if batch.width is not None else int(batch.response_len.max())
+        t = torch.arange(T, device=batch.ids.device)
+        mask = (t[None, :] < batch.response_len[:, None]).to(self.tok.weight.dtype)
+        ids = batch.ids.gather(1, (batch.response_start[:, None] + t[None, :]).clamp(max=batch.ids.shape[1] - 1))  # y and </y> only
+        h = ((self.tok(ids) + self.pos(t.clamp(max=self.pos.num_embeddings - 1))[None]) * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+        return self.mlp(h)
 
 # %% ../nbs/07_cvae.ipynb #c73bb8e1
 def shared_prefix_code_losses(generator: nn.Module,     # a backbone with `supports_packed_codes`
@@ -265,6 +308,7 @@ def posterior_forward(model: nn.Module,                  # a CVAE
                      ) -> CVAEOutput:
     "One forward pass with the model's posterior: amortized $q_\\xi$, or the exact $q^\\star$ of the objective at this β."
     out = cvae_forward(model, examples, generator, eps)
+    if out.coupling_nll is not None: out.coupling_weight = model.config.coupling * float(beta)  # lambda = coupling x beta
     if model.config.latent != "discrete" or model.config.posterior == "amortized": return out
     W = loss_token_weights(base_nll.to(out.nll_per_code.device), mask.to(out.nll_per_code.device), c_ref, loss, weights=weights)
     return exact_posterior(out, W, beta)
@@ -273,8 +317,9 @@ def exact_posterior(out: CVAEOutput,                # a discrete forward pass wi
                     token_weights: torch.Tensor,    # the objective's W, (B, T) (`loss_token_weights`)
                     beta: float | torch.Tensor,     # the step's KL weight
                    ) -> CVAEOutput:                 # `out` with q*, E_q*[l_t], the KL and the distillation term
-    "Fill in the exact posterior $q^\\star$ of the objective with token weights $W$: $L_k = \\sum_t W_t \\ell_t(k)$."
+    "Fill in the exact posterior $q^\\star$ of the objective with token weights $W$: $L_k = \\sum_t W_t \\ell_t(k)$ (plus $\\lambda(-\\log c_\\psi(k|y))$ under the coupling term)."
     code_loss = (token_weights[:, None, :] * out.nll_per_code.float()).sum(-1)  # L_k, (B, K)
+    if out.coupling_nll is not None: code_loss = code_loss + out.coupling_weight * out.coupling_nll  # a per-code cost like L_k (q* takes no gradient)
     q_star_logits = exact_posterior_logits(code_loss, out.r_logits, beta)
     if out.q_logits is not None:  # exact+distill: q_xi learns q* (cross-entropy to the stop-gradient target)
         out.distill = -(q_star_logits.softmax(-1) * torch.log_softmax(out.q_logits, -1)).sum(-1)
@@ -290,13 +335,16 @@ def objective_terms(out: CVAEOutput,                  # a forward pass with its 
                     free_bits: float = 0.0,           # free-bits floor on the KL in the loss (nats)
                     free_bits_mode: str = "batch",    # floor the batch-mean KL, or each latent dimension
                     weights=None,                     # the batch's `loss_reference_weights`, if already computed
-                   ) -> dict[str, torch.Tensor]:      # every term, 'kl', 'recon', 'loss' (and 'distill')
-    "Every term, the KL and the loss of one forward pass (the objective in float32), with the distillation term when present."
+                   ) -> dict[str, torch.Tensor]:      # every term, 'kl', 'recon', 'loss' (and 'distill', 'coupling')
+    "Every term, the KL and the loss of one forward pass (the objective in float32), with the distillation and coupling terms when present."
     terms = objective(out.nll.float(), base_nll, mask, c_ref, out.kl, beta, loss,
                       kl_for_loss=free_bits_kl(out.kl, out.kl_per_dim, free_bits, free_bits_mode), weights=weights)
     if out.distill is not None:
         terms["distill"] = out.distill.mean()
         terms["loss"] = terms["loss"] + terms["distill"]
+    if out.coupling_nll is not None:  # E_q[-log c_psi(z|y)]: trains c_psi, and q where q has parameters (the amortized posterior)
+        terms["coupling"] = (out.q * out.coupling_nll).sum(-1).mean()
+        terms["loss"] = terms["loss"] + out.coupling_weight * terms["coupling"]
     return terms
 
 # %% ../nbs/07_cvae.ipynb #f59e27d8

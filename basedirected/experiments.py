@@ -368,7 +368,7 @@ def _cell_record(spec: RunSpec, run, final: dict, seconds: float) -> dict:
               "key": spec.key, "objective": spec.objective, "seed": spec.seed, "regime": spec.regime, "tau_target": spec.tau, "beta_target": spec.beta,
               "beta": spec.beta if spec.beta is not None else run.kl_weight(spec.config.train.steps),  # the beta a tau cell resolved to
               "latent": spec.latent, "posterior": spec.posterior, "K": spec.K, "alpha": spec.alpha, "gamma": spec.gamma,
-              "grad_clip": spec.config.train.grad_clip, "seconds": seconds}
+              "grad_clip": spec.config.train.grad_clip, "lr": spec.config.train.lr, "lr_schedule": spec.config.train.lr_schedule, "seconds": seconds}
     atomic_write_json(run.dir.metrics, record)
     return record
 

@@ -37,8 +37,8 @@ GROUP_FREE_FIELDS = ("seed", "base_seed", "objective", "loss", "train.beta", "tr
 
 def group_key(config: RunConfig,  # a run's configuration
              ) -> str | None:    # the JSON of what the group shares; None: the run trains alone
-    "What runs of one group must share: `config` without `GROUP_FREE_FIELDS`; None for a run that trains alone (its reference recomputed each step)."
-    if config.train.recompute_reference: return None
+    "What runs of one group must share: `config` without `GROUP_FREE_FIELDS`; None for a run that trains alone (its reference recomputed each step, or a mechanism of notebook 07a the group's step does not stack: a marginal router, the coupling term)."
+    if config.train.recompute_reference or config.cvae.router != "input" or config.cvae.coupling > 0: return None
     d = config.to_dict()
     for path in GROUP_FREE_FIELDS:
         *head, last = path.split(".")

@@ -28,8 +28,8 @@ __all__ = ['ALIGNMENT_RULES', 'NULL_SAMPLES', 'SETTLE_WINDOW', 'SETTLE_TOLERANCE
            'linear_probe_accuracy', 'rate_distortion', 'information_gain', 'code_semantics', 'matched_records',
            'alignment_score', 'alignment_one_to_one', 'alignment_many_to_one', 'contingency_tables',
            'permutation_tables', 'alignment_null', 'alignment_record', 'posterior_meaning', 'mean_record',
-           'generation_scores', 'MetricsConfig', 'generation_metrics', 'within_input_strategy_information',
-           'marginal_nll', 'break_even_beta', 'settling', 'evaluate_model']
+           'generation_scores', 'departure', 'validity_by_code', 'MetricsConfig', 'generation_metrics',
+           'within_input_strategy_information', 'marginal_nll', 'break_even_beta', 'settling', 'evaluate_model']
 
 # %% ../nbs/08_metrics.ipynb #20e5e798
 def entropy(p: torch.Tensor,   # probabilities, summing to 1 along `dim`
@@ -383,6 +383,33 @@ def generation_scores(routed: list[TaskCheck],          # verdicts on responses 
     m.update(code_semantics({k: [c.strategy for c in ck] for k, ck in enumerate(forced)}))
     return m
 
+# %% ../nbs/08_metrics.ipynb #7aab709f
+def departure(task: Task,  # renders every strategy's trace of x
+              x,           # the input
+              y,           # an invalid response (tokens)
+             ) -> tuple[int, int]:  # the tokens y shares with its nearest trace, and that trace's length
+    "Where an invalid response leaves the task: its longest common prefix with any strategy's trace of `x` (strategies that cannot solve `x` are skipped)."
+    import random
+    best = (0, 1)
+    for s in range(len(task.strategies)):
+        try: t = task.render(x, s, random.Random(0))
+        except ValueError: continue  # a strategy that gets stuck on this input writes no trace
+        n = next((i for i, (a, b) in enumerate(zip(y, t)) if a != b), min(len(y), len(t)))
+        if n > best[0]: best = (n, len(t))
+    return best
+
+def validity_by_code(forced: list[list[TaskCheck]],         # forced[k][i]: the verdict on input i's response under code k
+                     departures: list[list[tuple[int, int]]],  # per code, `departure` of each invalid response
+                    ) -> dict:                              # forced_valid_rate_z<k> (Wilson), departure mean and median, invalid share per code
+    "Each code's valid rate and where the invalid traces leave the task (`departure` as a share of the nearest trace)."
+    m = {}
+    for k, ck in enumerate(forced): m.update(rate_record(f"forced_valid_rate_z{k + 1}", sum(c.valid for c in ck), len(ck)))
+    shares = [n / length for ds in departures for n, length in ds]
+    m["forced_invalid_departure_mean"] = float(np.mean(shares)) if shares else float("nan")
+    m["forced_invalid_departure_median"] = float(np.median(shares)) if shares else float("nan")
+    m["forced_invalid_tokens_mean"] = float(np.mean([n for ds in departures for n, _ in ds])) if shares else float("nan")
+    return m
+
 # %% ../nbs/08_metrics.ipynb #b552c438
 @dataclass(frozen=True)
 class MetricsConfig:
@@ -404,7 +431,7 @@ def generation_metrics(model: DiscreteCVAE,        # a trained discrete CVAE
                        n_forced: int = 64,         # inputs under each forced code
                        seed: int = 0,              # seeds the codes drawn from the router, the sampling and the alignment nulls
                       ) -> dict:                   # `generation_scores` of the sampled responses
-    "Sample responses through the router and under each forced code, and score them (`generation_scores`)."
+    "Sample responses through the router and under each forced code, and score them (`generation_scores`, `validity_by_code`)."
     model.eval()
     device = next(model.parameters()).device
     routed_exs = [examples[i % len(examples)] for i in range(n_routed)]  # fewer held-out inputs than samples: each input again
@@ -415,11 +442,12 @@ def generation_metrics(model: DiscreteCVAE,        # a trained discrete CVAE
                                 codes=[model.codes[k] for k in z], device=device)
     routed = [task.check(e.x, y) for e, y in zip(routed_exs, ys)]
     xs = [e.x for e in examples[:n_forced]]
-    forced, traces = [], []
+    forced, traces, departures = [], [], []
     for k, code in enumerate(model.codes):
         yk, _, _ = sample_responses(model.generator, model.vocab, xs, max_len=budget, seed=seed + 1 + k, codes=[code] * len(xs), device=device)
         forced.append([task.check(x, y) for x, y in zip(xs, yk)]); traces.append([tuple(y) for y in yk])
-    return generation_scores(routed, forced, len(task.strategies), traces, seed)
+        departures.append([departure(task, x, y) for x, y, c in zip(xs, yk, forced[-1]) if not c.valid])
+    return {**generation_scores(routed, forced, len(task.strategies), traces, seed), **validity_by_code(forced, departures)}
 
 # %% ../nbs/08_metrics.ipynb #5692ac97
 @torch.no_grad()

@@ -151,7 +151,7 @@ class RunConfig:
         if self.cvae.latent == "discrete" and self.cvae.K > 64: raise ValueError(f"K must be <= 64, got {self.cvae.K}")
 
     data_seed = property(lambda self: self.seed if self.base_seed is None else self.base_seed)  # seeds the data, the base, c_theta
-    def to_dict(self) -> dict: return {**asdict(self), "task": self.task.to_dict(), "train": self.train.to_dict()}
+    def to_dict(self) -> dict: return {**asdict(self), "task": self.task.to_dict(), "cvae": self.cvae.to_dict(), "train": self.train.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
@@ -217,7 +217,7 @@ class HFRunConfig:
         if self.regime is not None and self.task is None: raise ValueError("regime needs a task")
         if self.train.tau is not None: raise ValueError("tau needs a synthetic task's break-even beta*; give beta on a Hugging Face backbone")
 
-    def to_dict(self) -> dict: return {**asdict(self), "train": self.train.to_dict()}
+    def to_dict(self) -> dict: return {**asdict(self), "cvae": self.cvae.to_dict(), "train": self.train.to_dict()}
     @classmethod
     def from_dict(cls, d: dict) -> "HFRunConfig":
         "Inverse of `to_dict`."
