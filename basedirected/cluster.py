@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from .experiments import (PRESETS, Preset, RunSpec, check_base_gate, check_sweep_dir, clear_held_cells, finished, finished_record, plan,
-                                      prepare_shared_base, record_preset, run_pack, skipped_cells)
+                                      prepare_shared_base, record_preset, run_pack, selected_bases, skipped_cells)
 from .groups import pack_groups
 from .model import ModelConfig
 from .runs import RunDir, atomic_write_json, check_writable, read_json
@@ -81,9 +81,11 @@ class PackJob:
         threads = torch.get_num_threads()
         try:
             # the first job of a base trains it, under the base's lock; the others wait and reuse it
-            usable = {key: check_base_gate(self.preset, s, prepare_shared_base(self.out, s, self.device))
-                      for key, s in {(s.regime, s.config.data_seed): s for s in self.specs}.items()}
-            specs = [s for s in self.specs if usable[(s.regime, s.config.data_seed)]]  # a skipped base's cells are not trained
+            # the bases its cells' tasks use (a candidate another job prepared is reused, under its lock); a skipped base's cells are not trained
+            every = [s for s in plan(self.preset) if s.regime in {c.regime for c in self.specs}]
+            first = {(s.regime, s.config.data_seed): s for s in every}
+            usable = selected_bases(self.preset, every, lambda keys: [prepare_shared_base(self.out, first[k], self.device) for k in keys])
+            specs = [s for s in self.specs if usable[(s.regime, s.config.data_seed)]]
             if specs: run_pack(self.out, specs, self.device, False, self.compile)  # under the cells' locks: a second job of a cell waits, then finds it finished
         finally: torch.set_num_threads(threads)
         return self.keys

@@ -34,9 +34,10 @@ from .groups import pack_groups, train_group
 # %% auto #0
 __all__ = ['PRESETS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVATION', 'CUDA_CONTEXT_GIB', 'Preset', 'RunSpec',
            'cell_argv', 'plan', 'plan_cost', 'base_dir', 'lock_path', 'prepare_shared_base', 'check_base_gate',
-           'skipped_cells', 'clear_cells', 'finished_record', 'finished', 'check_sweep_dir', 'record_preset',
-           'cell_locks', 'clear_held_cells', 'run_cell', 'run_group_cells', 'run_pack', 'die_with_parent',
-           'pack_memory_gib', 'DevicePlacer', 'cuda_budgets_gib', 'run_placed', 'execute']
+           'select_bases', 'selected_bases', 'skipped_cells', 'clear_cells', 'finished_record', 'finished',
+           'check_sweep_dir', 'record_preset', 'cell_locks', 'clear_held_cells', 'run_cell', 'run_group_cells',
+           'run_pack', 'die_with_parent', 'pack_memory_gib', 'DevicePlacer', 'cuda_budgets_gib', 'run_placed',
+           'execute']
 
 # %% ../nbs/11_experiments.ipynb #7ef9c87a
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ class Preset:
                                          # (its cells' keys carry -b<seed>); () : base_seed alone
     failed_bases: str = "refuse"         # a base that fails the quality gate: 'refuse' (the sweep stops) or 'skip' (its cells are not
                                          # run; the report lists them), for designs with several bases whose gates another machine may change
+    bases_needed: int | None = None      # with base_seeds: each task uses the first this many of its base_seeds (in order) whose base passes
+                                         # the gate, and trains no later candidate once they have (None: every base_seeds entry)
     regimes: tuple[str, ...] = ("early",)  # regimes of the visiting-order task, or names of other tasks
     latents: tuple[str, ...] = ("discrete",)
     alpha_gamma: tuple[tuple[float, float], ...] = ((0.5, 1.0),)  # grid for `theta`
@@ -67,6 +70,9 @@ class Preset:
     grad_clip: float | None = None       # gradient-norm clipping of every run (--grad-clip; None: TrainConfig's); 1e6 leaves none in effect
     lr: float | None = None              # the CVAE's learning rate (--lr; None: TrainConfig's)
     lr_schedule: str | None = None       # 'cosine' or 'constant' after the warm-up (--lr-schedule; None: TrainConfig's)
+    code_init_noise: float | None = None # the code embeddings' initialization noise (--code-init-noise; None: CVAEConfig's)
+    router: str | None = None            # 'input' r(z|x) or 'marginal' r(z) (--router; None: CVAEConfig's)
+    coupling: float | None = None        # the coupling term's rho, an extension beyond the seeds (--coupling; None: off)
     Ks: tuple[int, ...] = (3,)           # discrete codes
     posteriors: tuple[str, ...] = ("exact",)  # discrete posterior arms (continuous runs are always amortized)
     arms: tuple[dict, ...] = ()          # extra sub-grids: field overrides of this preset (e.g. an amortized arm)
@@ -83,6 +89,8 @@ class Preset:
         if self.base_seeds and self.base_seed is not None: raise ValueError(f"preset {self.name}: give base_seed or base_seeds, not both")
         if len(set(self.base_seeds)) != len(self.base_seeds): raise ValueError(f"preset {self.name}: base_seeds repeats a seed: {self.base_seeds}")
         if self.failed_bases not in ("refuse", "skip"): raise ValueError(f"preset {self.name}: failed_bases must be 'refuse' or 'skip', got {self.failed_bases!r}")
+        if self.bases_needed is not None and not (self.base_seeds and self.failed_bases == "skip" and 1 <= self.bases_needed <= len(self.base_seeds)):
+            raise ValueError(f"preset {self.name}: bases_needed needs base_seeds, failed_bases='skip' and a value in [1, {len(self.base_seeds)}], got {self.bases_needed}")
 
 # %% ../nbs/11_experiments.ipynb #aeac46f4
 PRESETS = {
@@ -117,6 +125,22 @@ PRESETS = {
     "addition": Preset("addition", ("theta", "dist", "celbo"), "the study's design on addition: "
                        "J_theta, dist and the cELBO at tau 0.07 for 800 steps (its measured escape time), 5 seeds on the recipe's gated base",
                        taus=(0.07,), seeds=tuple(range(5)), base_seed=0, regimes=("addition",), cvae_steps=800, evals=8),
+    # the study's answer settled (reference/settled, page 13d): every run past its measured settling time (sorting: pilot runs of 1,500
+    # steps, benchmarks/escape_curves.py, settle by step 700; grid pathfinding: 2/30 study runs still moving at 300; addition: the
+    # escape curves' 650), the base a factor (the first three data seeds whose base passes the gate on sorting and grid pathfinding,
+    # two on addition, each with 4 CVAE seeds: a base that fails is replaced by the next candidate, on any machine), a strong dose of
+    # token weighting on sorting (alpha 0, gamma 2), and J_theta at a third of the learning rate on one grid base (does the learning
+    # rate control what adaptation costs in validity?). Grid candidates start at 2: bases 0 and 1 fail the gate on the reference
+    # machine of the followup (valid traces 0.942 and 0.938 < 0.95)
+    "settled": Preset("settled", ("theta", "dist", "celbo"), "the study's answer settled: J_theta, dist and the cELBO at tau 0.07 on "
+                      "three gated bases of sorting and grid pathfinding and two of addition, 4 CVAE seeds each, every run past its measured "
+                      "settling time, a strong dose of token weighting (alpha 0, gamma 2) on sorting", taus=(0.07,), seeds=(0, 1, 2, 3),
+                      base_seeds=(0, 1, 2, 3, 4), bases_needed=3, failed_bases="skip", regimes=("sorting",), cvae_steps=700, evals=10,
+                      alpha_gamma=((0.5, 1.0), (0.0, 2.0)),
+                      arms=({"regimes": ("grid_pathfinding",), "base_seeds": (2, 3, 4, 5, 6, 7), "alpha_gamma": ((0.5, 1.0),), "cvae_steps": 500},
+                            {"regimes": ("addition",), "base_seeds": (0, 1, 2, 3), "bases_needed": 2, "alpha_gamma": ((0.5, 1.0),), "cvae_steps": 800},
+                            {"regimes": ("grid_pathfinding",), "base_seeds": (2,), "bases_needed": 1, "objectives": ("theta",),
+                             "alpha_gamma": ((0.5, 1.0),), "cvae_steps": 500, "lr": 3e-4})),
     "paper": Preset("paper", ("theta", "dist", "celbo"), "the study's design at the paper's model size with 20 seeds, two tau, an equal-beta "
                     "row and an amortized arm (one GPU, groups)", taus=(0.07, 0.2), seeds=tuple(range(20)), base_seed=0,
                     regimes=("sorting", "grid_pathfinding", "addition"), model=ModelConfig(d_model=128, n_layers=4, n_heads=4, d_ff=512),
@@ -178,6 +202,9 @@ def cell_argv(preset: Preset,              # the sweep's sizes
     if preset.grad_clip is not None: argv += ["--grad-clip", str(preset.grad_clip)]
     if preset.lr is not None: argv += ["--lr", str(preset.lr)]
     if preset.lr_schedule is not None: argv += ["--lr-schedule", preset.lr_schedule]
+    if preset.code_init_noise is not None: argv += ["--code-init-noise", str(preset.code_init_noise)]
+    if preset.router is not None: argv += ["--router", preset.router]
+    if preset.coupling is not None: argv += ["--coupling", str(preset.coupling)]
     if objective == "theta": argv += ["--alpha", str(alpha), "--gamma", str(gamma)]
     elif objective in ("tok", "tok_cc", "inv_tok"): argv += ["--gamma", str(gamma)]
     if preset.shared_prefix and latent == "discrete": argv += ["--shared-prefix"]
@@ -194,9 +221,11 @@ def plan(preset: Preset,  # a preset (its grid and arms)
 
 # %% ../nbs/11_experiments.ipynb #e5ef1ef4
 def _options_tag(preset: Preset) -> str:
-    "The part of a cell's key naming its training options that are not TrainConfig's defaults (clipping, learning rate and its schedule)."
+    "The part of a cell's key naming the options a preset sets beyond the grid: clipping, learning rate and its schedule, the latent's mechanisms."
     return (("" if preset.grad_clip is None else f"-clip{preset.grad_clip:g}") + ("" if preset.lr is None else f"-lr{preset.lr:g}")
-            + ("" if preset.lr_schedule is None else f"-{preset.lr_schedule}"))
+            + ("" if preset.lr_schedule is None else f"-{preset.lr_schedule}")
+            + ("" if preset.code_init_noise is None else f"-noise{preset.code_init_noise:g}")
+            + ("" if preset.router is None else f"-{preset.router}") + ("" if preset.coupling is None else f"-coupling{preset.coupling:g}"))
 
 # %% ../nbs/11_experiments.ipynb #2ff6a05a
 def _grid(preset: Preset) -> list[RunSpec]:
@@ -273,17 +302,45 @@ def check_base_gate(preset: Preset,  # the sweep (its gate exceptions and its fa
                         f"preset {preset.name} names no exception for it: give the task a base recipe that passes, or add it to gate_exceptions with the reason")
 
 # %% ../nbs/11_experiments.ipynb #b0bf3b79
+def select_bases(preset: Preset,       # the sweep (its gate policy and bases_needed)
+                 specs: list[RunSpec],  # its cells
+                 gates: dict,           # (task, data seed) -> the gate of each base prepared so far
+                ) -> tuple[dict, list]:  # (task, data seed) -> True (its cells run), False (they do not) or None (not yet known); the bases to prepare next
+    "Which bases a sweep uses: every one whose gate passes (or `check_base_gate` refuses), or with `bases_needed` the first that many per task in `base_seeds` order; and the bases whose gates decide it next."
+    first = {(s.regime, s.config.data_seed): s for s in specs}  # one cell per base, in plan order
+    by_task = {}
+    for key in first: by_task.setdefault(key[0], []).append(key)
+    decision, wanted = {}, []
+    for keys in by_task.values():
+        n, chosen, pending = preset.bases_needed or len(keys), 0, 0
+        for key in keys:
+            if chosen + pending >= n: decision[key] = False if chosen >= n else None; continue  # enough passed, or waiting on earlier ones
+            if key not in gates: decision[key], pending = None, pending + 1; wanted.append(key); continue
+            decision[key] = check_base_gate(preset, first[key], gates[key]); chosen += decision[key]
+    return decision, wanted
+
+def selected_bases(preset: Preset, specs: list[RunSpec],
+                   prepare,              # prepare(keys) -> their gates, training the bases that are missing (in parallel where it can)
+                  ) -> dict:             # (task, data seed) -> whether its cells run
+    "Prepare bases until `select_bases` has decided every one (a later candidate only once an earlier one failed its gate)."
+    gates = {}
+    while True:
+        decision, wanted = select_bases(preset, specs, gates)
+        if not wanted: return decision
+        gates.update(zip(wanted, prepare(wanted)))
+
 def skipped_cells(out: Path,       # the sweep's directory
-                  preset: Preset,  # its preset (failed_bases)
+                  preset: Preset,  # its preset (failed_bases, bases_needed)
                  ) -> dict[str, str]:  # cell key -> why it is not run
-    "The cells a `failed_bases='skip'` preset does not run: those of every base whose gate, already written, fails (and names no exception)."
+    "The cells a `failed_bases='skip'` preset does not run, decided from the gates already written: those of a base that fails the gate, or that `bases_needed` did not need."
     if preset.failed_bases != "skip": return {}
-    out, why = Path(out), {}
-    for s in plan(preset):
-        gate = base_dir(out, s.regime, s.config.data_seed) / "base_gate.json"
-        if gate.is_file() and not check_base_gate(preset, s, g := read_json(gate)):
-            why[s.key] = f"its base ({s.regime}, data seed {s.config.data_seed}) fails the quality gate: {'; '.join(gate_failures(g))}"
-    return why
+    out, specs = Path(out), plan(preset)
+    files = {(s.regime, s.config.data_seed): base_dir(out, s.regime, s.config.data_seed) / "base_gate.json" for s in specs}
+    gates = {k: read_json(f) for k, f in files.items() if f.is_file()}
+    decision, _ = select_bases(preset, specs, gates)
+    why = lambda k: (f"its base ({k[0]}, data seed {k[1]}) fails the quality gate: {'; '.join(gate_failures(gates[k]))}" if k in gates and not gates[k]["passes"]
+                     else f"its base ({k[0]}, data seed {k[1]}) is not needed: {preset.bases_needed} bases of {k[0]} passed the gate before it")
+    return {s.key: why(k) for s in specs if decision[k := (s.regime, s.config.data_seed)] is False}
 
 # %% ../nbs/11_experiments.ipynb #5bfc9cac
 def clear_cells(out: Path,              # the sweep's directory
@@ -368,7 +425,8 @@ def _cell_record(spec: RunSpec, run, final: dict, seconds: float) -> dict:
               "key": spec.key, "objective": spec.objective, "seed": spec.seed, "regime": spec.regime, "tau_target": spec.tau, "beta_target": spec.beta,
               "beta": spec.beta if spec.beta is not None else run.kl_weight(spec.config.train.steps),  # the beta a tau cell resolved to
               "latent": spec.latent, "posterior": spec.posterior, "K": spec.K, "alpha": spec.alpha, "gamma": spec.gamma,
-              "grad_clip": spec.config.train.grad_clip, "lr": spec.config.train.lr, "lr_schedule": spec.config.train.lr_schedule, "seconds": seconds}
+              "grad_clip": spec.config.train.grad_clip, "lr": spec.config.train.lr, "lr_schedule": spec.config.train.lr_schedule,
+              "code_init_noise": spec.config.cvae.code_init_noise, "router": spec.config.cvae.router, "coupling": spec.config.cvae.coupling, "seconds": seconds}
     atomic_write_json(run.dir.metrics, record)
     return record
 
@@ -542,8 +600,7 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
     devices = [f"cuda:{i % n_gpu}" if n_gpu else device for i in range(len(packs))]
     records = {}
     if jobs <= 1:
-        usable = {key: check_base_gate(preset, s, prepare_shared_base(out, s, device))
-                  for key, s in tqdm(list(shared.items()), desc="base models", disable=not progress)}
+        usable = selected_bases(preset, specs, lambda keys: [prepare_shared_base(out, shared[k], device) for k in tqdm(keys, desc="base models", disable=not progress)])
         bar = tqdm(total=len(specs), desc="runs", disable=not progress)
         for pack, dev in zip(packs, devices):
             if not usable[(specs[pack[0]].regime, specs[pack[0]].config.data_seed)]: bar.update(len(pack)); continue
@@ -552,16 +609,13 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
     else:
         ctx = torch.multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
-            # the longest base trains first, and each run is queued once its own base is ready: no worker waits for another task's base
-            order = sorted(shared.items(), key=lambda item: -item[1].config.base.steps)
-            bases = {key: pool.submit(prepare_shared_base, out, s, devices[i % len(devices)]) for i, (key, s) in enumerate(order)}
-            usable = {}
+            def prepare(keys):  # the bases in parallel, the longest first
+                order = sorted(keys, key=lambda k: -shared[k].config.base.steps)
+                futures = {k: pool.submit(prepare_shared_base, out, shared[k], devices[i % len(devices)]) for i, k in enumerate(order)}
+                return [futures[k].result() for k in keys]
+            usable = selected_bases(preset, specs, prepare)  # every base gated (and a failed one replaced, with bases_needed) before any run
             bar = tqdm(total=len(specs), desc="runs", disable=not progress)
-            def ready(pack) -> bool:  # its bases trained and gated: does it run?
-                for i in pack:
-                    key = (specs[i].regime, specs[i].config.data_seed)
-                    if key not in usable: usable[key] = check_base_gate(preset, shared[key], bases[key].result())
-                return all(usable[(specs[i].regime, specs[i].config.data_seed)] for i in pack)
+            ready = lambda pack: all(usable[(specs[i].regime, specs[i].config.data_seed)] for i in pack)
             def skipped():  # a pack of a skipped base: done at once, with no record
                 from concurrent.futures import Future
                 f = Future(); f.set_result([]); return f

@@ -96,7 +96,9 @@ def test_a_continuous_group_with_per_dimension_free_bits_is_its_runs_alone(tmp_p
         assert len(la) == len(lg)
         for ra, rg in zip(la, lg):
             for k, v in ra.items():
-                if isinstance(v, float) and k not in ("examples_per_s",): assert math.isclose(v, rg[k], rel_tol=1e-4, abs_tol=1e-5), (k, v, rg[k])
+                # what the codes mean at the inert start is decided by round-off between near-tied codes: not compared
+                if isinstance(v, float) and k not in ("examples_per_s", "alignment_posterior", "I_zs_norm"):
+                    assert math.isclose(v, rg[k], rel_tol=1e-4, abs_tol=1e-5), (k, v, rg[k])
 
 
 def _members(tmp_path, name, cfgs, source, shared_prefix=False):
