@@ -426,24 +426,25 @@ def figure_alignment(out: Path,                  # the sweep's output directory 
     return fig
 
 # %% ../nbs/12_reports.ipynb #297893ca
-def figure_escape(out: Path,              # the sweep's output directory (the figure goes to OUT/figures)
+def figure_escape(out: Path,              # the sweep's output directory, with its curves.csv (the figure goes to OUT/figures)
                   regime: str = "early",  # the task whose runs are drawn
-                  seed: int = 0):         # the CVAE seed whose runs are drawn
-    "Held-out rate over training, one panel per (posterior, objective), one line per cell (τ or β) of seed `seed`: how fast z leaves the inert start."
+                  seed: int | None = None):  # one CVAE seed, or None: every seed (and base)
+    "Held-out rate over training (`curves.csv`), one panel per (posterior, arm), one thin line per run coloured by its cell (τ or β), an unsettled run dashed: how fast z leaves the inert start, seed by seed."
     import matplotlib.pyplot as plt
-    runs = {}
-    for rd in run_dirs(out):
-        cfg = read_json(rd.config)["config"]
-        if cfg["seed"] != seed or not rd.path.name.startswith(f"{regime}-") or cfg["cvae"]["latent"] != "discrete": continue
-        cell = ("τ", cfg["train"]["tau"]) if cfg["train"].get("tau") is not None else ("β", cfg["train"]["beta"]["beta"])
-        runs.setdefault((cfg["cvae"]["posterior"], cfg["objective"] + _options_tag(cfg["train"])), []).append((cell, rd))
-    panels = sorted(runs)
+    rows = {r["key"]: r for r in read_results(out) if r["regime"] == regime and r.get("latent") == "discrete" and (seed is None or r["seed"] == seed)}
+    curves = {}
+    for c in csv.DictReader(open(Path(out) / "curves.csv")):
+        if c["key"] in rows: curves.setdefault(c["key"], []).append((int(c["step"]), float(c["rate"])))
+    panels = {}
+    for key in curves: panels.setdefault((rows[key]["posterior"], _label(rows[key]).split(" [")[0]), []).append(key)
+    cells = sorted({_cell(rows[k]) for k in curves})
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(3.6 * max(len(panels), 1), 3.0), squeeze=False, sharey=True)
-    for ax, key in zip(axes[0], panels):
-        for (axis, w), rd in sorted(runs[key], key=lambda t: t[0]):
-            ev = [r for r in read_log(rd.log) if r["split"] == "eval"]
-            ax.plot([r["step"] for r in ev], [r["kl"] for r in ev], "o-", ms=3, label=f"{axis}={w:g}")
-        ax.set_title(f"{key[1]} [{key[0]}]", fontsize=9); ax.set_xlabel("step"); ax.set_yscale("symlog", linthresh=0.01)
+    for ax, (post, arm) in zip(axes[0], sorted(panels)):
+        for key in sorted(panels[(post, arm)]):
+            steps, rates = zip(*sorted(curves[key]))
+            ax.plot(steps, rates, "--" if rows[key].get("settled") is False else "-", lw=0.8, alpha=0.6, color=f"C{cells.index(_cell(rows[key]))}")
+        ax.set_title(f"{arm} [{post}]", fontsize=9); ax.set_xlabel("step"); ax.set_yscale("symlog", linthresh=0.01)
+    for i, c in enumerate(cells): axes[0][-1].plot([], [], color=f"C{i}", label=c)
     axes[0][0].set_ylabel("held-out rate KL(q || r)  [nats]"); axes[0][-1].legend(fontsize=7, frameon=False)
     fig.tight_layout(); _save(fig, out, f"escape-{regime}")
     return fig
@@ -468,17 +469,18 @@ def figure_curves(out: Path,                      # the sweep's output directory
 # %% ../nbs/12_reports.ipynb #eaebc056
 def figure_gain_per_position(out: Path,               # the sweep's output directory (the figure goes to OUT/figures)
                              regime: str = "early"):  # the task whose runs are drawn
-    "Mean information gain $b_t - \\ell_t$ per response position, per objective, at its cell of smallest τ (mean over seeds)."
+    "Information gain $b_t - \\ell_t$ per response position, per arm, at its cell of smallest τ: every run a thin line, the mean over them a thick one."
     import matplotlib.pyplot as plt
     recs = [read_json(rd.metrics) for rd in run_dirs(out) if rd.metrics.exists()]
     recs = [r for r in recs if r.get("key") is not None and r.get("regime") == regime and r.get("gain_per_position")]  # the sweep's own records
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    for lab, cells in _runs_by_label(recs).items():
+    for i, (lab, cells) in enumerate(_runs_by_label(recs).items()):
         rs = next(iter(cells.values()))  # the cell of smallest mean tau
         T = min(len(r["gain_per_position"]) for r in rs)
-        ax.plot(range(1, T + 1), [sum(r["gain_per_position"][t] for r in rs) / len(rs) for t in range(T)], "o-", label=lab)
+        for r in rs: ax.plot(range(1, T + 1), r["gain_per_position"][:T], color=f"C{i}", lw=0.6, alpha=0.35)
+        ax.plot(range(1, T + 1), [sum(r["gain_per_position"][t] for r in rs) / len(rs) for t in range(T)], "o-", color=f"C{i}", label=f"{lab} ({len(rs)} runs)")
     ax.axhline(0, color="k", lw=0.5); ax.set_xlabel("response position t"); ax.set_ylabel("b_t − ℓ_t  [nats]")
-    ax.set_title(f"Where z helps ({regime}; smallest τ, mean over seeds)"); ax.legend(fontsize=8, frameon=False)
+    ax.set_title(f"Where z helps ({regime}; smallest τ; each run, and their mean)"); ax.legend(fontsize=8, frameon=False)
     fig.tight_layout(); _save(fig, out, f"gain-per-position-{regime}")
     return fig
 
@@ -514,19 +516,21 @@ def figure_weights(out: Path,            # the sweep's output directory (the fig
 def figure_paired(out: Path,  # the sweep's output directory (the figure goes to OUT/figures)
                   regime: str,  # the task whose runs are drawn
                   metric: str = "gen_alignment_controlled_all_excess"):  # the per-seed figure compared
-    "Every seed's `metric` under each objective, one panel per cell, a seed's runs joined by a line (discrete latent, exact posterior first)."
+    "Every seed's `metric` under each arm, one panel per cell, a unit's (base, seed) runs joined by a line, an unsettled run marked x (discrete latent, exact posterior first)."
     import matplotlib.pyplot as plt
     rows = [r for r in read_results(out) if r["regime"] == regime and r.get("latent") == "discrete" and isinstance(r.get(metric), float)]
     cells = sorted({(_cell(r), r["posterior"]) for r in rows}, key=lambda c: (c[1] != "exact", c[0]))
     fig, axes = plt.subplots(1, max(len(cells), 1), figsize=(3.4 * max(len(cells), 1), 3.4), squeeze=False, sharey=True)
     for ax, (cell, post) in zip(axes[0], cells):
         rs = [r for r in rows if (_cell(r), r["posterior"]) == (cell, post)]
-        objs = sorted({r["objective"] for r in rs}, key=lambda o: (o != "theta", o))
-        for seed in sorted({r["seed"] for r in rs}):
-            pts = [(objs.index(r["objective"]), r[metric]) for r in rs if r["seed"] == seed]
+        objs = sorted({_arm(r) for r in rs}, key=lambda o: (o != "theta", not o.startswith("theta"), o))
+        for unit in sorted({_unit(r) for r in rs}, key=lambda u: tuple(-1 if v is None else v for v in u)):
+            pts = [(objs.index(_arm(r)), r[metric]) for r in rs if _unit(r) == unit]
             ax.plot(*zip(*sorted(pts)), "o-", color="0.5", alpha=0.5, ms=3, lw=0.8)
-        ax.plot(range(len(objs)), [sum(r[metric] for r in rs if r["objective"] == o) / sum(r["objective"] == o for r in rs) for o in objs],
-                "D", color="C3", ms=7, label="mean over seeds")
+        moving = [(objs.index(_arm(r)), r[metric]) for r in rs if r.get("settled") is False]
+        if moving: ax.plot(*zip(*moving), "x", color="C1", ms=7, label="not settled")
+        ax.plot(range(len(objs)), [sum(r[metric] for r in rs if _arm(r) == o) / sum(_arm(r) == o for r in rs) for o in objs],
+                "D", color="C3", ms=7, label="mean over runs")
         ax.axhline(0, color="k", lw=0.5); ax.set_xticks(range(len(objs)), objs, rotation=30, fontsize=8); ax.set_title(f"{cell} [{post}]", fontsize=9)
     axes[0][0].set_ylabel(metric.replace("gen_", "")); axes[0][0].legend(fontsize=7, frameon=False)
     fig.suptitle(f"{regime}: seed by seed", y=1.02); fig.tight_layout(); _save(fig, out, f"paired-{regime}")
@@ -543,7 +547,7 @@ def write_figures(out: Path,  # the sweep's output directory (figures go to OUT/
     for regime, latent in sorted({(r["regime"], r["latent"]) for r in rows}):
         plt.close(figure_frontier(out, regime, latent)); plt.close(figure_collapse(out, regime, latent))
         if latent == "discrete": plt.close(figure_alignment(out, regime, latent))
-    for regime in sorted({r["regime"] for r in rows}): plt.close(figure_escape(out, regime, seed=int(rows[0]["seed"])))
+    for regime in sorted({r["regime"] for r in rows}): plt.close(figure_escape(out, regime))
     for regime in sorted({r["regime"] for r in rows}):
         plt.close(figure_gain_per_position(out, regime))
         if any(r["regime"] == regime and r.get("objective") == "theta" and r.get("latent") == "discrete" for r in rows): plt.close(figure_paired(out, regime))
@@ -583,10 +587,13 @@ def write_reports(out: Path,            # the sweep's output directory
                   records: list[dict],  # the finished cells' metrics records
                   summary: dict,        # what ran (preset, executor, wall time, missing cells): summary.json's fields
                  ) -> None:
-    "Tables, base gates, escape curves and `summary.json` of a sweep's finished `records`, then its figures (last: a figure that fails loses nothing)."
+    "Tables, base gates, escape curves, gains per position and `summary.json` of a sweep's finished `records`, then its figures (last: a figure that fails loses nothing)."
     write_results(out, records)
     write_base_gates(out)
     write_curves(out, records)
+    # the gain per response position of every run (its list is no column of results.csv): per-run figures from the reference files alone
+    atomic_write_bytes(out / "positions.csv", _csv_bytes([{"key": r["key"], "position": t + 1, "gain": g} for r in records for t, g in enumerate(r.get("gain_per_position") or [])],
+                                                         ["key", "position", "gain"]))
     atomic_write_json(out / "summary.json", {**summary, "runs": len(records), "environment": environment_record(0)})
     write_figures(out)
 
