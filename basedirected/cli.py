@@ -27,8 +27,9 @@ import torch.distributed as dist
 
 from .objective import BETA_SCHEDULES, OBJECTIVE_NAMES, ORIGINAL_FLAG_ALIASES, objectives
 from .reconstruction import TERM_NAMES
-from .runs import (ADAPT_MODES, LR_SCHEDULES, OPTIMIZERS, HFRunConfig, RunConfig, RunDir, RunInputError, TrainConfig,
-                               atomic_write_bytes, check_run_dir, exclusive_run_dir, read_json, resolve_device)
+from .runs import (ADAPT_MODES, LR_SCHEDULES, OPTIMIZERS, HFRunConfig, RunConfig, RunDir, RunInputError, TrainConfig, apply_overrides,
+                               atomic_write_bytes, check_run_dir, exclusive_run_dir, objective_training, read_json, rename_fields, resolve_config,
+                               resolve_device, write_command)
 from .tasks import Task, make_task, task_class
 from .train import BaseGateError, NonFiniteError, run
 # the package's tasks register themselves (Task.registry) when their modules are imported; --task names any registered one
@@ -38,7 +39,7 @@ from .visiting_order import REGIMES
 # %% auto #0
 __all__ = ['BACKBONES', 'RUN_OPTIONS', 'TASK_OPTIONS', 'HF_OPTIONS', 'OBJECTIVE_OPTIONS', 'TRAINING_OPTIONS', 'OPTIONS',
            'field_comments', 'add_dataclass_options', 'dataclass_from_args', 'Option', 'option_help', 'OneLineParser',
-           'build_parser', 'config_from_args', 'hf_config_from_args', 'train_main', 'hf_train_main']
+           'build_parser', 'config_from_args', 'hf_config_from_args', 'command_argv', 'train_main', 'hf_train_main']
 
 # %% ../nbs/10b_cli.ipynb #76b9f9fc
 def _class_source(cls) -> str:
@@ -305,26 +306,12 @@ def build_parser(prog: str = "basedirected-train",  # the command's name in its 
     return p
 
 # %% ../nbs/10b_cli.ipynb #6f3af1a0
-def _as_flags(message: str, names: dict[str, str]) -> str:
-    "Rewrite field names in a validation message into option flags."
-    for name in sorted(names, key=len, reverse=True):
-        message = re.sub(rf"(?<![\w.'-]){re.escape(name)}(?![\w'-])", names[name], message)  # not a quoted value ('data')
-    return message
-
-def _apply(obj, overrides: dict[str, tuple[object, str]], prefix: str = ""):
-    "`obj` with `overrides` (relative dotted path -> (value, flag)) applied bottom-up; errors name the flags."
-    direct = {k: v for k, v in overrides.items() if "." not in k}
-    nested = {}
-    for k, v in overrides.items():
-        if "." in k: head, rest = k.split(".", 1); nested.setdefault(head, {})[rest] = v
-    kw = {name: _apply(getattr(obj, name), sub, f"{prefix}{name}.") for name, sub in nested.items()}
-    kw.update({k: value for k, (value, _) in direct.items()})
-    try: return dataclasses.replace(obj, **kw)
-    except ValueError as e:
-        names = {**_LEAF_FLAGS, **{k: flag for k, (_, flag) in direct.items()}}  # what this level was given names its own flag
-        raise ValueError(_as_flags(str(e), names)) from None
-
 _LEAF_FLAGS = {**{o.path.rsplit(".", 1)[-1]: o.flag for o in OPTIONS if o.path}, "prior": "--prior", "tie_fraction": "--tie-fraction"}
+
+def _as_flags(message: str,  # a validation message naming configuration fields
+             ) -> str:       # the same message naming the options that set them
+    "Rewrite the field names left in a validation message into option flags (`rename_fields` with every option's leaf name)."
+    return rename_fields(message, _LEAF_FLAGS)
 
 # %% ../nbs/10b_cli.ipynb #82760e95
 def _given(a: argparse.Namespace, backbone: str) -> dict[str, tuple[object, str]]:
@@ -336,53 +323,54 @@ def _given(a: argparse.Namespace, backbone: str) -> dict[str, tuple[object, str]
                              else f"{o.flag} needs --backbone (a Hugging Face model on disk)")
     return {o.path: (v, o.flag) for o in OPTIONS if o.path and (v := getattr(a, o.dest)) is not None and v is not False}  # a switch not given sets nothing
 
-def _objective(a: argparse.Namespace, steps: int, train: TrainConfig):
-    "The objective's loss and the training configuration with its KL treatment (β schedule over `steps`, free bits, the β·ĉ control)."
-    try: obj = objectives(alpha=0.5 if a.alpha is None else a.alpha, gamma=1.0 if a.gamma is None else a.gamma)[a.objective]
-    except ValueError as e: raise ValueError(_as_flags(str(e), {"alpha": "--alpha", "gamma": "--gamma"})) from None
-    train = dataclasses.replace(train, free_bits=obj.free_bits, beta_times_c_ref=obj.beta_times_c)
-    return obj, dataclasses.replace(train, beta=obj.beta_schedule(train.beta.beta, max(steps, 1)))
-
 def _original_switch(cfg, a: argparse.Namespace):
     "The original `--normalize-reconstruction-loss`: the uniform weight moves from R_std to R_dist."
     if not a.normalize_reconstruction_loss: return cfg
-    return dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, lambda_dist=cfg.loss.lambda_dist + cfg.loss.lambda_std, lambda_std=0.0))
+    return dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, lambda_dist=cfg.loss.lambda_dist + cfg.loss.lambda_std, lambda_std=0.0), objective="custom")
 
 # %% ../nbs/10b_cli.ipynb #dc9076ca
 def config_from_args(a: argparse.Namespace,  # what `build_parser` parsed
                     ) -> RunConfig:
-    "Validate the parsed options and build the small transformer's `RunConfig`; `ValueError` names the offending option."
+    "The small transformer's `RunConfig` of the parsed options, resolved by `resolve_config` as the API resolves it; `ValueError` names the offending option."
     if a.tau is not None and a.beta is not None: raise ValueError("--tau and --beta both set the KL weight; give only one")
     given = _given(a, "tiny")
-    task_name = a.task or "visiting_order"
-    recipe, m = task_class(task_name).base_recipe, RunConfig().base.model
-    given.setdefault("base.steps", (recipe.get("steps", RunConfig().base.steps), "--base-steps"))
-    given.setdefault("base.model.d_model", (recipe.get("d_model", m.d_model), "--d-model"))
-    given.setdefault("base.model.n_layers", (recipe.get("n_layers", m.n_layers), "--n-layers"))
-    given.setdefault("n_train", (recipe.get("n_train", RunConfig().n_train), "--n-train"))
-    given.setdefault("base.override_fraction", (recipe.get("override_fraction", 0.0), "--base-override-fraction"))
-    given.setdefault("base.input_overrides", (recipe.get("input_overrides", {}) if given["base.override_fraction"][0] > 0 else {}, "input_overrides in the task's base_recipe"))
-    given.setdefault("base.strategy_draws", (recipe.get("strategy_draws", 1), "--base-strategy-draws"))
-    given.setdefault("base.model.d_ff", (4 * given["base.model.d_model"][0], "--d-ff"))
     fields = {k: v for k, v in (("prior", a.prior), ("tie_fraction", a.tie_fraction)) if v is not None}
-    try: task = make_task(task_name, a.regime, **fields)  # the regime's preset with its overridden fields
-    except ValueError as e: raise ValueError(_as_flags(str(e), _LEAF_FLAGS)) from None
-    obj, train = _objective(a, given.get("train.steps", (RunConfig().train.steps,))[0], RunConfig().train)
-    custom = any(k.startswith("loss.lambda_") for k in given) or a.normalize_reconstruction_loss
-    cfg = dataclasses.replace(RunConfig(), task=task, loss=obj.loss, objective="custom" if custom else obj.name, train=train)
-    return _original_switch(_apply(cfg, given), a)
+    try: cfg = resolve_config(a.task or "visiting_order", a.objective, {k: v for k, (v, _) in given.items()}, a.alpha, a.gamma, a.regime,
+                              names={k: flag for k, (_, flag) in given.items()}, **fields)
+    except ValueError as e: raise ValueError(_as_flags(str(e))) from None
+    return _original_switch(cfg, a)
 
 # %% ../nbs/10b_cli.ipynb #0fdacb39
 def hf_config_from_args(a: argparse.Namespace,  # what `build_parser` parsed, with --backbone
                        ) -> HFRunConfig:
-    "Validate the parsed options and build the `HFRunConfig` of a run on a Hugging Face backbone; `ValueError` names the offending option."
+    "Validate the parsed options and build the `HFRunConfig` of a run on a Hugging Face backbone (the objective's training as `resolve_config` has it); `ValueError` names the offending option."
     given = _given(a, "hf")
     if a.data is None: raise ValueError("--backbone needs --data, the training JSONL")
-    obj, train = _objective(a, given.get("train.steps", (TrainConfig().steps,))[0], TrainConfig())
-    custom = any(k.startswith("loss.lambda_") for k in given) or a.normalize_reconstruction_loss
     paths = {k: str(Path(v).resolve()) for k, v in (("backbone", a.backbone), ("data", a.data), ("eval_data", a.eval_data)) if v is not None}
-    cfg = HFRunConfig(**paths, loss=obj.loss, objective="custom" if custom else obj.name, train=train, task=a.task, regime=a.regime)
-    return _original_switch(_apply(cfg, {k: v for k, v in given.items() if k not in paths}), a)
+    try:
+        loss, train = objective_training(a.objective, given.get("train.steps", (TrainConfig().steps,))[0], a.alpha, a.gamma)
+        custom = any(k.startswith("loss.lambda_") for k in given)
+        cfg = HFRunConfig(**paths, loss=loss, objective="custom" if custom else a.objective, train=train, task=a.task, regime=a.regime)
+        cfg = apply_overrides(cfg, {k: v for k, (v, _) in given.items() if k not in paths}, {k: flag for k, (_, flag) in given.items()})
+    except ValueError as e: raise ValueError(_as_flags(str(e))) from None
+    return _original_switch(cfg, a)
+
+# %% ../nbs/10b_cli.ipynb #3da3404e
+def command_argv(task: str,                   # a registered task name or module:Class
+                 regime: str | None,          # its named preset, or None
+                 objective: str,              # the compared objective
+                 alpha: float, gamma: float,  # theta's weights (gamma also for the token-weighted terms)
+                 overrides: dict[str, object],  # dotted RunConfig paths -> values, each the field of one option
+                 flags: list[str] = (),       # switches outside the configuration (--allow-failed-base, --shared-prefix)
+                ) -> list[str]:               # the options of `basedirected-train` that `config_from_args` reads back as `resolve_config`'s configuration
+    "The `basedirected-train` options of a run given as `resolve_config`'s arguments: the one way a configuration is written as a command."
+    by_path = {o.path: o for o in OPTIONS if o.path and "tiny" in o.backbones}
+    if unknown := [p for p in overrides if p not in by_path]: raise ValueError(f"no option of basedirected-train sets {', '.join(unknown)}")
+    argv = ["--task", task, *(["--regime", regime] if regime else []), "--objective", objective]
+    for path, v in overrides.items(): argv += [by_path[path].flag] if v is True else [by_path[path].flag, str(v)]
+    if objective == "theta": argv += ["--alpha", str(alpha), "--gamma", str(gamma)]
+    elif objective in ("tok", "tok_cc", "inv_tok"): argv += ["--gamma", str(gamma)]
+    return argv + list(flags)
 
 # %% ../nbs/10b_cli.ipynb #56a4cc67
 def _safe_force(rd: RunDir):
@@ -452,7 +440,7 @@ def train_main(argv: list[str] | None = None,  # the options (None: the command 
 # %% ../nbs/10b_cli.ipynb #8673e60c
 def _report(rd: RunDir, prog: str, args: list[str], final: dict, seconds: float):
     "`command.txt`, and the final terms and headline metrics on the terminal."
-    atomic_write_bytes(rd.command, (shlex.join([prog, *args]) + "\n").encode())
+    write_command(rd, [prog, *args])
     print(f"run directory: {rd.path}  ({seconds:.0f} s)")
     for k in ("loss", "std", "dist", "tok_cc", "theta", "kl", "base_mean"):
         if k in final: print(f"  eval {k:>10s} = {final[k]:.4f}")

@@ -39,9 +39,9 @@ class CVAEConfig:
     posterior: str = "amortized"   # discrete: 'amortized' q_xi, 'exact' q*, or 'exact+distill' (q* trains q_xi too)
     router: str = "input"          # discrete: 'input', the router r(z|x) read from the generator at <z>; 'marginal', one learned r(z)
                                    # for every input (a prior that cannot follow a per-input relabelling of the codes: notebook 07a)
-    coupling: float = 0.0          # discrete, an extension beyond the seeds' objective (off at 0): the term lambda E_q[-log c_psi(z|y)],
-                                   # c_psi a classifier of the code from the response alone (notebook 07a), with lambda = coupling x the
-                                   # step's KL weight beta (so that, like tau, one value means the same on every objective's scale)
+    coupling: float = 0.0          # discrete, an extension beyond the seeds' objective (off at 0): the term lambda E_q[-log c_psi(z|y)
+                                   # + log qbar(z)], minus a lower bound on I(z;y) (c_psi a classifier of the code from the response alone,
+                                   # qbar the batch's mean posterior: notebook 07a), with lambda = coupling x the step's KL weight beta
     def __post_init__(self):
         if self.latent not in ("discrete", "continuous"): raise ValueError(f"latent must be 'discrete' or 'continuous', got {self.latent!r}")
         if self.posterior not in POSTERIORS: raise ValueError(f"posterior must be one of {', '.join(POSTERIORS)}, got {self.posterior!r}")
@@ -73,7 +73,7 @@ class CVAEOutput:
     r_logits: torch.Tensor | None = None  # (B, K) discrete router logits
     q_logits: torch.Tensor | None = None  # (B, K) discrete amortized posterior logits (None for the exact posterior alone)
     distill: torch.Tensor | None = None   # (B,) exact+distill: cross-entropy of q_xi to the stop-gradient q*
-    coupling_nll: torch.Tensor | None = None  # (B, K) -log c_psi(k|y): the coupling term's cost of each code (None: no coupling)
+    coupling_nll: torch.Tensor | None = None  # (B, K) -log c_psi(k|y), the coupling term's classifier part (None: no coupling)
     coupling_weight: float = 0.0          # its lambda (coupling x beta, set by `posterior_forward`)
 
 # %% ../nbs/07_cvae.ipynb #762acd48
@@ -319,7 +319,9 @@ def exact_posterior(out: CVAEOutput,                # a discrete forward pass wi
                    ) -> CVAEOutput:                 # `out` with q*, E_q*[l_t], the KL and the distillation term
     "Fill in the exact posterior $q^\\star$ of the objective with token weights $W$: $L_k = \\sum_t W_t \\ell_t(k)$ (plus $\\lambda(-\\log c_\\psi(k|y))$ under the coupling term)."
     code_loss = (token_weights[:, None, :] * out.nll_per_code.float()).sum(-1)  # L_k, (B, K)
-    if out.coupling_nll is not None: code_loss = code_loss + out.coupling_weight * out.coupling_nll  # a per-code cost like L_k (q* takes no gradient)
+    if out.coupling_nll is not None:  # a per-code cost like L_k: -log c(k|y) + log qbar(k), qbar from the posterior without it (no gradient)
+        qbar = torch.softmax(exact_posterior_logits(code_loss, out.r_logits, beta), -1).mean(0)
+        code_loss = code_loss + out.coupling_weight * (out.coupling_nll + qbar.clamp_min(1e-12).log())
     q_star_logits = exact_posterior_logits(code_loss, out.r_logits, beta)
     if out.q_logits is not None:  # exact+distill: q_xi learns q* (cross-entropy to the stop-gradient target)
         out.distill = -(q_star_logits.softmax(-1) * torch.log_softmax(out.q_logits, -1)).sum(-1)
@@ -342,8 +344,9 @@ def objective_terms(out: CVAEOutput,                  # a forward pass with its 
     if out.distill is not None:
         terms["distill"] = out.distill.mean()
         terms["loss"] = terms["loss"] + terms["distill"]
-    if out.coupling_nll is not None:  # E_q[-log c_psi(z|y)]: trains c_psi, and q where q has parameters (the amortized posterior)
-        terms["coupling"] = (out.q * out.coupling_nll).sum(-1).mean()
+    if out.coupling_nll is not None:  # E_q[-log c_psi(z|y)] - H(qbar) >= -I(z;y): trains c_psi, and q where q has parameters (amortized)
+        qbar = out.q.mean(0)
+        terms["coupling"] = (out.q * out.coupling_nll).sum(-1).mean() + (qbar * qbar.clamp_min(1e-12).log()).sum()
         terms["loss"] = terms["loss"] + out.coupling_weight * terms["coupling"]
     return terms
 

@@ -25,15 +25,15 @@ from .model import ModelConfig
 from .objective import OBJECTIVE_NAMES, objectives
 from .runs import (RunConfig, RunDir, atomic_write_bytes, atomic_write_json, check_writable, environment_record, exclusive_run_dir,
                                file_lock, load_checkpoint, prepare_base,
-                               prepare_gate, prepare_reference_scale, prepare_run, read_json, remove_temporaries, resolve_device, run_vocab)
+                               prepare_gate, prepare_reference_scale, prepare_run, read_json, remove_temporaries, resolve_config, resolve_device, run_vocab, write_command)
 from .tasks import Task, make_splits
-from .cli import build_parser, config_from_args
-from .train import BaseGateError, run_metrics, train_run
+from .cli import command_argv
+from .train import BaseGateError, complete, train_run
 from .groups import pack_groups, train_group
 
 # %% auto #0
 __all__ = ['PRESETS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVATION', 'CUDA_CONTEXT_GIB', 'Preset', 'RunSpec',
-           'cell_argv', 'plan', 'plan_cost', 'base_dir', 'lock_path', 'prepare_shared_base', 'check_base_gate',
+           'cell_overrides', 'plan', 'plan_cost', 'base_dir', 'lock_path', 'prepare_shared_base', 'check_base_gate',
            'select_bases', 'selected_bases', 'skipped_cells', 'clear_cells', 'finished_record', 'finished',
            'check_sweep_dir', 'record_preset', 'cell_locks', 'clear_held_cells', 'run_cell', 'run_group_cells',
            'run_pack', 'die_with_parent', 'pack_memory_gib', 'DevicePlacer', 'cuda_budgets_gib', 'run_placed',
@@ -130,17 +130,36 @@ PRESETS = {
     # escape curves' 650), the base a factor (the first three data seeds whose base passes the gate on sorting and grid pathfinding,
     # two on addition, each with 4 CVAE seeds: a base that fails is replaced by the next candidate, on any machine), a strong dose of
     # token weighting on sorting (alpha 0, gamma 2), and J_theta at a third of the learning rate on one grid base (does the learning
-    # rate control what adaptation costs in validity?). Grid candidates start at 2: bases 0 and 1 fail the gate on the reference
-    # machine of the followup (valid traces 0.942 and 0.938 < 0.95)
+    # rate control what adaptation costs in validity?). Grid candidates start at 2 and run to 11: bases 0 and 1 fail the gate on the
+    # reference machine of the followup (valid traces 0.942 and 0.938 < 0.95), and so do 3 and 4 here (0.903, 0.919)
     "settled": Preset("settled", ("theta", "dist", "celbo"), "the study's answer settled: J_theta, dist and the cELBO at tau 0.07 on "
                       "three gated bases of sorting and grid pathfinding and two of addition, 4 CVAE seeds each, every run past its measured "
                       "settling time, a strong dose of token weighting (alpha 0, gamma 2) on sorting", taus=(0.07,), seeds=(0, 1, 2, 3),
                       base_seeds=(0, 1, 2, 3, 4), bases_needed=3, failed_bases="skip", regimes=("sorting",), cvae_steps=700, evals=10,
                       alpha_gamma=((0.5, 1.0), (0.0, 2.0)),
-                      arms=({"regimes": ("grid_pathfinding",), "base_seeds": (2, 3, 4, 5, 6, 7), "alpha_gamma": ((0.5, 1.0),), "cvae_steps": 500},
+                      arms=({"regimes": ("grid_pathfinding",), "base_seeds": tuple(range(2, 12)), "alpha_gamma": ((0.5, 1.0),), "cvae_steps": 500},
                             {"regimes": ("addition",), "base_seeds": (0, 1, 2, 3), "bases_needed": 2, "alpha_gamma": ((0.5, 1.0),), "cvae_steps": 800},
                             {"regimes": ("grid_pathfinding",), "base_seeds": (2,), "bases_needed": 1, "objectives": ("theta",),
                              "alpha_gamma": ((0.5, 1.0),), "cvae_steps": 500, "lr": 3e-4})),
+    # what makes z name the strategy (reference/meaning, page 13e): the symmetry breakers of notebook 07a on the first gated base of
+    # each task, past the settled run lengths, beside the settled preset's runs (their baseline: rho 0, noise 0.02, K = 3, r(z|x)).
+    # The coupling term at rho 1 and 3 (reference/coupling-pilot: 1 named the strategy on one grid run, 10 followed surface features),
+    # under every objective (10 seeds on grid pathfinding, 5 elsewhere); the code embeddings' initialization noise at 1.0 and a spare
+    # code (K = 4) on the two tasks where codes were relabelled; the marginal router r(z), predicted to do nothing (every task's p(s)
+    # is uniform), on grid pathfinding
+    "meaning": Preset("meaning", ("theta", "dist", "celbo"), "what makes z name the strategy: the coupling term (rho 1, 3), the code "
+                      "embeddings' initialization noise, a spare code and the marginal router, on the first gated base of each task, "
+                      "past the settled run lengths", taus=(0.07,), seeds=tuple(range(5)), base_seeds=tuple(range(5)), bases_needed=1,
+                      failed_bases="skip", regimes=("sorting",), cvae_steps=700, evals=10, coupling=1.0,
+                      arms=({"regimes": ("grid_pathfinding",), "base_seeds": tuple(range(2, 12)), "cvae_steps": 500, "seeds": tuple(range(10))},
+                            {"regimes": ("addition",), "base_seeds": tuple(range(4)), "cvae_steps": 800},
+                            {"regimes": ("grid_pathfinding",), "base_seeds": tuple(range(2, 12)), "cvae_steps": 500, "objectives": ("theta", "celbo"),
+                             "coupling": 3.0},
+                            *({"regimes": (task,), "base_seeds": seeds, "cvae_steps": steps, "objectives": objs, "coupling": None, **mechanism}
+                              for task, seeds, steps in (("grid_pathfinding", tuple(range(2, 12)), 500), ("addition", tuple(range(4)), 800))
+                              for mechanism, objs in (({"code_init_noise": 1.0}, ("theta", "celbo")), ({"Ks": (4,)}, ("theta",)))),
+                            {"regimes": ("grid_pathfinding",), "base_seeds": tuple(range(2, 12)), "cvae_steps": 500, "objectives": ("theta",),
+                             "coupling": None, "router": "marginal"})),
     "paper": Preset("paper", ("theta", "dist", "celbo"), "the study's design at the paper's model size with 20 seeds, two tau, an equal-beta "
                     "row and an amortized arm (one GPU, groups)", taus=(0.07, 0.2), seeds=tuple(range(20)), base_seed=0,
                     regimes=("sorting", "grid_pathfinding", "addition"), model=ModelConfig(d_model=128, n_layers=4, n_heads=4, d_ff=512),
@@ -152,7 +171,7 @@ PRESETS = {
 # %% ../nbs/11_experiments.ipynb #a30e8233
 @dataclass(frozen=True)
 class RunSpec:
-    "One cell of a sweep: its key, its coordinates, the `basedirected-train` options that make it, and the resulting configuration."
+    "One cell of a sweep: its key, its coordinates, its configuration (`resolve_config`) and the `basedirected-train` options rendered from the same changes (`command_argv`)."
     key: str
     objective: str
     beta: float | None                   # an absolute KL weight, or None where the cell names tau
@@ -171,45 +190,30 @@ class RunSpec:
     def command(self, run_dir: str) -> str: return shlex.join(["basedirected-train", "--run-dir", run_dir, *self.argv])
 
 # %% ../nbs/11_experiments.ipynb #d4ff3441
-def cell_argv(preset: Preset,              # the sweep's sizes
-              regime: str,                 # a task name, or a regime of the visiting-order task
-              latent: str,                 # 'discrete' or 'continuous'
-              objective: str,              # one of OBJECTIVE_NAMES
-              alpha: float, gamma: float,  # theta's alpha and gamma (gamma also for the token-weighted terms)
-              seed: int,                   # the CVAE seed
-              posterior: str = "exact",    # a discrete latent's posterior
-              K: int = 3,                  # discrete codes
-              beta: float | None = None,   # the cell's absolute KL weight...
-              tau: float | None = None,    # ...or its share of the objective's break-even
-              base_seed: int | None = None,  # the base's data seed (None: the preset's base_seed)
-             ) -> list[str]:
-    "The `basedirected-train` options of one grid cell (its KL weight as `beta` or as `tau`)."
-    every = max(preset.cvae_steps // preset.evals, 1)
-    where = ["--task", regime] if regime in Task.registry else ["--regime", regime]  # a task name, or a regime of the visiting-order task
-    weight = ["--tau", str(tau)] if tau is not None else ["--beta", str(beta)]
-    argv = [*where, "--latent", latent, "--objective", objective, *weight, "--seed", str(seed)]
-    base_seed = preset.base_seed if base_seed is None else base_seed
-    if base_seed is not None: argv += ["--base-seed", str(base_seed)]
-    if preset.n_train is not None: argv += ["--n-train", str(preset.n_train)]
-    if preset.base_steps is not None: argv += ["--base-steps", str(preset.base_steps)]
-    if preset.base_strategy_draws is not None: argv += ["--base-strategy-draws", str(preset.base_strategy_draws)]
-    if preset.model is not None:
-        m = preset.model
-        argv += ["--d-model", str(m.d_model), "--n-layers", str(m.n_layers), "--n-heads", str(m.n_heads), "--d-ff", str(m.d_ff), "--max-len", str(m.max_len)]
-    argv += ["--n-eval", str(preset.n_eval), "--K", str(K), "--posterior", posterior, "--c-samples", str(preset.c_samples),
-             "--steps", str(preset.cvae_steps), "--batch-size", str(preset.batch_size), "--eval-every", str(every), "--checkpoint-every", str(every),
-             "--n-routed", str(preset.n_routed), "--n-forced", str(preset.n_forced), "--threads", str(preset.threads)]
-    if preset.grad_clip is not None: argv += ["--grad-clip", str(preset.grad_clip)]
-    if preset.lr is not None: argv += ["--lr", str(preset.lr)]
-    if preset.lr_schedule is not None: argv += ["--lr-schedule", preset.lr_schedule]
-    if preset.code_init_noise is not None: argv += ["--code-init-noise", str(preset.code_init_noise)]
-    if preset.router is not None: argv += ["--router", preset.router]
-    if preset.coupling is not None: argv += ["--coupling", str(preset.coupling)]
-    if objective == "theta": argv += ["--alpha", str(alpha), "--gamma", str(gamma)]
-    elif objective in ("tok", "tok_cc", "inv_tok"): argv += ["--gamma", str(gamma)]
-    if preset.shared_prefix and latent == "discrete": argv += ["--shared-prefix"]
-    if regime in dict(preset.gate_exceptions): argv += ["--allow-failed-base"]  # the preset says why its base may fail the gate: the command reruns the cell
-    return argv
+def cell_overrides(preset: Preset,              # the sweep's sizes
+                   latent: str,                 # 'discrete' or 'continuous'
+                   seed: int,                   # the CVAE seed
+                   posterior: str = "exact",    # a discrete latent's posterior
+                   K: int = 3,                  # discrete codes
+                   beta: float | None = None,   # the cell's absolute KL weight...
+                   tau: float | None = None,    # ...or its share of the objective's break-even
+                   base_seed: int | None = None,  # the base's data seed (None: the preset's base_seed)
+                  ) -> dict[str, object]:       # dotted RunConfig paths -> values, for `resolve_config`
+    "What one grid cell changes in its task's and objective's resolved configuration: sizes, KL weight, seeds, options of the preset."
+    every, base_seed = max(preset.cvae_steps // preset.evals, 1), preset.base_seed if base_seed is None else base_seed
+    o = {"cvae.latent": latent, "seed": seed, ("train.tau" if tau is not None else "train.beta.beta"): tau if tau is not None else beta}
+    if base_seed is not None: o["base_seed"] = base_seed
+    if preset.n_train is not None: o["n_train"] = preset.n_train
+    if preset.base_steps is not None: o["base.steps"] = preset.base_steps
+    if preset.base_strategy_draws is not None: o["base.strategy_draws"] = preset.base_strategy_draws
+    if preset.model is not None: o.update({f"base.model.{f}": getattr(preset.model, f) for f in ("d_model", "n_layers", "n_heads", "d_ff", "max_len")})
+    o.update({"n_eval": preset.n_eval, "cvae.K": K, "cvae.posterior": posterior, "c_samples": preset.c_samples, "train.steps": preset.cvae_steps,
+              "train.batch_size": preset.batch_size, "train.eval_every": every, "train.checkpoint_every": every, "metrics.n_routed": preset.n_routed,
+              "metrics.n_forced": preset.n_forced, "threads": preset.threads})
+    for name, path in (("grad_clip", "train.grad_clip"), ("lr", "train.lr"), ("lr_schedule", "train.lr_schedule"),
+                       ("code_init_noise", "cvae.code_init_noise"), ("router", "cvae.router"), ("coupling", "cvae.coupling")):
+        if getattr(preset, name) is not None: o[path] = getattr(preset, name)
+    return o
 
 # %% ../nbs/11_experiments.ipynb #ae11107a
 def plan(preset: Preset,  # a preset (its grid and arms)
@@ -229,22 +233,22 @@ def _options_tag(preset: Preset) -> str:
 
 # %% ../nbs/11_experiments.ipynb #2ff6a05a
 def _grid(preset: Preset) -> list[RunSpec]:
-    specs, parser = [], build_parser()
+    specs = []
     weights = [("tau", t) for t in preset.taus] + [("beta", b) for b in preset.betas]
-    for regime in preset.regimes:
-        for latent in preset.latents:
-            for posterior in (preset.posteriors if latent == "discrete" else ("amortized",)):
-                for K in preset.Ks:
-                    for name in preset.objectives:
-                        for alpha, gamma in (preset.alpha_gamma if name == "theta" else preset.alpha_gamma[:1]):
-                            for axis, w in weights:
-                                for base, seed in itertools.product(preset.base_seeds or (None,), preset.seeds):
-                                    beta, tau = (w, None) if axis == "beta" else (None, w)
-                                    argv = cell_argv(preset, regime, latent, name, alpha, gamma, seed, posterior, K, beta=beta, tau=tau, base_seed=base)
-                                    tag = f"_a{alpha}_g{gamma}" if name == "theta" else ""
-                                    key = f"{regime}-{latent}-{posterior}-K{K}-{name}{tag}-{axis[0]}{w}{_options_tag(preset)}{'' if base is None else f'-base{base}'}-s{seed}"
-                                    specs.append(RunSpec(key, name, beta, tau, seed, regime, latent, alpha, gamma, posterior, K, tuple(argv),
-                                                         config_from_args(parser.parse_args(argv)), "--shared-prefix" in argv))
+    for regime, latent in itertools.product(preset.regimes, preset.latents):
+        task, named = (regime, None) if regime in Task.registry else ("visiting_order", regime)  # a task, or a regime of the visiting-order task
+        flags = ["--allow-failed-base"] * (regime in dict(preset.gate_exceptions))  # the preset says why its base may fail: the command reruns the cell
+        for posterior, K, name in itertools.product(preset.posteriors if latent == "discrete" else ("amortized",), preset.Ks, preset.objectives):
+            for (alpha, gamma), (axis, w) in itertools.product(preset.alpha_gamma if name == "theta" else preset.alpha_gamma[:1], weights):
+                for base, seed in itertools.product(preset.base_seeds or (None,), preset.seeds):
+                    beta, tau = (w, None) if axis == "beta" else (None, w)
+                    changes = cell_overrides(preset, latent, seed, posterior, K, beta=beta, tau=tau, base_seed=base)
+                    shared = preset.shared_prefix and latent == "discrete"
+                    argv = command_argv(task, named, name, alpha, gamma, changes, flags + ["--shared-prefix"] * shared)
+                    tag = f"_a{alpha}_g{gamma}" if name == "theta" else ""
+                    key = f"{regime}-{latent}-{posterior}-K{K}-{name}{tag}-{axis[0]}{w}{_options_tag(preset)}{'' if base is None else f'-base{base}'}-s{seed}"
+                    specs.append(RunSpec(key, name, beta, tau, seed, regime, latent, alpha, gamma, posterior, K, tuple(argv),
+                                         resolve_config(task, name, changes, alpha, gamma, named), shared))
     return specs
 
 # %% ../nbs/11_experiments.ipynb #a859b64c
@@ -410,7 +414,7 @@ def _open_cell(out: Path, spec: RunSpec, force: bool) -> RunDir | dict:
     rd.path.mkdir(parents=True, exist_ok=True); remove_temporaries(rd.path)  # the cell's lock is held: any temporary is a killed writer's
     for name in ("base.pt", "reference_scale.json", "base_gate.json"):
         if not (rd.path / name).exists(): shutil.copy(base_dir(out, spec.regime, spec.config.data_seed) / name, rd.path / name)
-    atomic_write_bytes(rd.command, (spec.command(str(rd.path)) + "\n").encode())
+    write_command(rd, ["basedirected-train", "--run-dir", str(rd.path), *spec.argv])
     return rd
 
 # %% ../nbs/11_experiments.ipynb #74ed6226
@@ -420,15 +424,12 @@ def _with_options(run, spec: RunSpec):
     return run
 
 def _cell_record(spec: RunSpec, run, final: dict, seconds: float) -> dict:
-    "Every metric of a trained cell (`run_metrics`) with the cell's coordinates, written to `metrics.json` (last: its presence marks the run finished)."
-    record = {**run_metrics(run, final),  # the cell's own names (e.g. its objective's grid label) come last and win
-              "key": spec.key, "objective": spec.objective, "seed": spec.seed, "regime": spec.regime, "tau_target": spec.tau, "beta_target": spec.beta,
+    "Every metric of a trained cell with the cell's coordinates, written by `complete` (the cell's own names, e.g. its objective's grid label, win)."
+    return complete(run, final, {"key": spec.key, "objective": spec.objective, "seed": spec.seed, "regime": spec.regime, "tau_target": spec.tau, "beta_target": spec.beta,
               "beta": spec.beta if spec.beta is not None else run.kl_weight(spec.config.train.steps),  # the beta a tau cell resolved to
               "latent": spec.latent, "posterior": spec.posterior, "K": spec.K, "alpha": spec.alpha, "gamma": spec.gamma,
               "grad_clip": spec.config.train.grad_clip, "lr": spec.config.train.lr, "lr_schedule": spec.config.train.lr_schedule,
-              "code_init_noise": spec.config.cvae.code_init_noise, "router": spec.config.cvae.router, "coupling": spec.config.cvae.coupling, "seconds": seconds}
-    atomic_write_json(run.dir.metrics, record)
-    return record
+              "code_init_noise": spec.config.cvae.code_init_noise, "router": spec.config.cvae.router, "coupling": spec.config.cvae.coupling, "seconds": seconds})
 
 # %% ../nbs/11_experiments.ipynb #99c424bd
 def cell_locks(out: Path,             # the sweep's directory

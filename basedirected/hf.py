@@ -32,10 +32,10 @@ from .model import Batch, EncodedExamples, layout_tokens, response_nll
 from .objective import ReconstructionLossConfig
 from .runs import (ADAPT_MODES, OPTIMIZERS, AdaptConfig, HFRunConfig, Run, RunDir, atomic_write_json, barrier, check_run_dir,
                                distributed_setup, environment_record, exclusive_run_dir, gather_floats, load_checkpoint, load_trained_state, read_json,
-                               read_reference_scale)
+                               read_reference_scale, write_run_record)
 from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, make_task
-from .train import check_batch_split, fit
+from .train import check_batch_split, complete, fit
 
 # %% auto #0
 __all__ = ['LAYOUT_SPECIALS', 'WEIGHT_FILES', 'LOADER', 'HFVocab', 'save_tiny_backbone', 'HFCausalLM', 'init_new_embeddings',
@@ -44,7 +44,7 @@ __all__ = ['LAYOUT_SPECIALS', 'WEIGHT_FILES', 'LOADER', 'HFVocab', 'save_tiny_ba
            'train_rows_only', 'embedding_matrices', 'build_hf_cvae', 'hf_reference', 'build_optimizers',
            'hf_reference_scale', 'hf_metrics', 'task_input', 'task_response', 'hf_generation_metrics',
            'check_hf_inputs', 'check_backbone', 'check_task_data', 'prepare_hf_run', 'load_hf_run', 'hf_run',
-           'export_run', 'export_main']
+           'hf_run_metrics', 'export_run', 'export_main']
 
 # %% ../nbs/10a_hf.ipynb #23fc6380
 LAYOUT_SPECIALS = ("<x>", "</x>", "<y>", "</y>", "<z>", "</z>", "<znull>")
@@ -571,7 +571,7 @@ def _hf_run(rd: RunDir, config: HFRunConfig, device: str, fresh: bool) -> Run:
         if rank == 0: atomic_write_json(rd.scale, {config.c_source: scale.to_dict(), "data": data.to_dict(), "used": config.c_source,
                                                    "c_samples": config.c_samples, "world_size": world})
     optimizers = lambda m, tc: build_optimizers(m, config.optimizer, tc.lr, tc.weight_decay)
-    return Run(rd, config, device, vocab, train, held, base, scale, model, reference=reference, rank=rank, world=world, optimizers=optimizers,
+    return Run(rd, config, device, vocab, train, held, base, scale, model, reference=reference, rank=rank, world=world, optimizers=optimizers, metrics=hf_run_metrics,
                train_rows=train_rows, train_cache=train_cache.to(device), eval_rows=eval_rows, eval_cache=eval_cache)
 
 # %% ../nbs/10a_hf.ipynb #bc348cd1
@@ -586,8 +586,7 @@ def prepare_hf_run(run_dir,                    # the run directory (made if abse
     check_batch_split(config.train, world)
     if rank == 0:
         check_run_dir(rd.path, config, resume_without_log); rd.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(rd.config, {"config": config.to_dict(), "loader": LOADER, "environment": {**environment_record(config.seed), "world_size": world,
-                                      "transformers": transformers.__version__, "peft": peft.__version__}})
+        write_run_record(rd, config, world, loader=LOADER, versions={"transformers": transformers.__version__, "peft": peft.__version__})
     barrier(world)
     fresh = not rd.scale.exists()  # read before any process can write it
     barrier(world)
@@ -621,10 +620,14 @@ def hf_run(run_dir,                            # the run directory (made if abse
         (final,) = fit([run], progress=progress, stop_after=stop_after, tensorboard=tensorboard)
         if isinstance(final, Exception): raise final
         if run.rank != 0 or not metrics or (stop_after is not None and stop_after < config.train.steps): return final
-        m = read_json(run.dir.metrics) if run.dir.metrics.exists() else _write_hf_metrics(run, config)
+        m = read_json(run.dir.metrics) if run.dir.metrics.exists() else complete(run, final)
         return {**final, **{f"metric_{k}": v for k, v in m.items()}}
 
-def _write_hf_metrics(run: Run, config: HFRunConfig) -> dict:
+def hf_run_metrics(run: Run,    # a trained run on a Hugging Face backbone
+                   final: dict,  # its final held-out terms
+                  ) -> dict:     # the metrics of `hf_metrics` (and the generations' where the run names its task)
+    "The backbone's metrics hook (`Run.metrics_hook`): what `complete` writes to `metrics.json` for a run on a Hugging Face backbone."
+    config = run.config
     beta = run.kl_weight(config.train.steps)
     m = hf_metrics(run.model, run.eval_rows, run.eval_cache, torch.tensor([e.strategy for e in run.held_out]), run.c_ref, config.loss, beta)
     if config.task is not None:  # the task's checker reads generations under the router and under each forced code
@@ -632,8 +635,6 @@ def _write_hf_metrics(run: Run, config: HFRunConfig) -> dict:
         m.update({f"gen_{k}": v for k, v in hf_generation_metrics(run.model, run.vocab, run.held_out, records, make_task(config.task, config.regime),
                                                                    config.metrics.n_routed, config.metrics.n_forced, seed=config.seed).items()})
     m["eval_split"] = "eval_data" if config.eval_data else "train"
-    m = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in m.items()}  # JSON has no NaN
-    atomic_write_json(run.dir.metrics, m)
     return m
 
 # %% ../nbs/10a_hf.ipynb #41ecd9f5

@@ -14,6 +14,7 @@ import math
 import os
 import platform
 import re
+import shlex
 import subprocess
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -30,21 +31,22 @@ from .conventions import check_nonnegative, check_positive, check_unit_interval
 from .cvae import CVAEConfig, build_cvae
 from .metrics import MetricsConfig, break_even_beta
 from .model import EncodedExamples, ModelConfig, TinyCausalLM, layout_tokens
-from .objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig
+from .objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig, objectives
 from .surprisal import ReferenceScale, estimate_reference_scale
-from .tasks import Example, Task, Vocab, check_task, make_splits, task_class, task_from_dict
+from .tasks import Example, Task, Vocab, check_task, make_splits, make_task, task_class, task_from_dict
 from .visiting_order import VisitingOrder
 # every built-in task registers when its module is imported: a run of any of them loads in a process that imported only this module
 import basedirected.addition, basedirected.grid_pathfinding, basedirected.sorting  # noqa: F401
 
 # %% auto #0
-__all__ = ['LR_SCHEDULES', 'MAX_KL_WEIGHT', 'ADAPT_MODES', 'OPTIMIZERS', 'TrainConfig', 'RunConfig', 'AdaptConfig', 'HFRunConfig',
+__all__ = ['LR_SCHEDULES', 'MAX_KL_WEIGHT', 'ADAPT_MODES', 'OPTIMIZERS', 'TrainConfig', 'RunConfig', 'rename_fields',
+           'apply_overrides', 'recipe_overrides', 'objective_training', 'resolve_config', 'AdaptConfig', 'HFRunConfig',
            'RunDir', 'atomic_write_bytes', 'atomic_write_json', 'atomic_torch_save', 'load_checkpoint', 'read_json',
            'trained_state', 'load_trained_state', 'file_lock', 'exclusive_run_dir', 'remove_temporaries', 'read_log',
            'truncate_log', 'environment_record', 'resolve_device', 'run_vocab', 'distributed_setup', 'barrier',
            'gather_floats', 'shard_indices', 'load_base', 'prepare_base', 'prepare_reference_scale', 'prepare_gate',
-           'Run', 'read_reference_scale', 'check_writable', 'check_run_dir', 'RunInputError', 'check_sequence_lengths',
-           'prepare_run', 'load_run']
+           'Run', 'read_reference_scale', 'write_run_record', 'write_command', 'check_writable', 'check_run_dir',
+           'RunInputError', 'check_sequence_lengths', 'prepare_run', 'load_run']
 
 # %% ../nbs/09_runs.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
@@ -161,6 +163,71 @@ class RunConfig:
         return cls(**{**d, "task": task_from_dict(d["task"]), "base": BaseTrainConfig(**base), "cvae": CVAEConfig(**d["cvae"]),
                       "loss": ReconstructionLossConfig(**d["loss"]), "train": TrainConfig(**train),
                       "metrics": MetricsConfig(**d.get("metrics", {}))})  # records written before generation sizes were configured
+
+# %% ../nbs/09_runs.ipynb #3ffa365c
+def rename_fields(message: str,           # a validation message that names configuration fields
+                  names: dict[str, str],  # field name -> what the caller calls it (e.g. its flag)
+                 ) -> str:
+    "`message` with each field name replaced by the caller's name for it (longest first; a quoted value is left alone)."
+    for name in sorted(names, key=len, reverse=True):
+        message = re.sub(rf"(?<![\w.'-]){re.escape(name)}(?![\w'-])", names[name], message)
+    return message
+
+def apply_overrides(obj,                          # a frozen dataclass (a configuration)
+                    overrides: dict[str, object],  # dotted path (relative to obj) -> value
+                    names: dict[str, str] | None = None,  # dotted path -> the caller's name for it, in error messages
+                    prefix: str = "",              # obj's own path (recursion)
+                   ):
+    "`obj` with `overrides` applied bottom-up; a `ValueError` from a nested check names the field as `names` does."
+    names = names or {}
+    direct = {k: v for k, v in overrides.items() if "." not in k}
+    nested = {}
+    for k, v in overrides.items():
+        if "." in k: head, rest = k.split(".", 1); nested.setdefault(head, {})[rest] = v
+    kw = {name: apply_overrides(getattr(obj, name), sub, names, f"{prefix}{name}.") for name, sub in nested.items()}
+    kw.update(direct)
+    try: return dataclasses.replace(obj, **kw)
+    except ValueError as e:  # this level's fields, named as the caller names them
+        raise ValueError(rename_fields(str(e), {k: names.get(prefix + k, k) for k in direct})) from None
+
+# %% ../nbs/09_runs.ipynb #160bb93c
+def recipe_overrides(task: Task,  # the task whose base recipe is read
+                    ) -> dict[str, object]:  # dotted RunConfig paths -> the recipe's values
+    "The task's `base_recipe` as `RunConfig` changes: base steps, width, depth (and d_ff = 4 d_model), training inputs, input overrides, strategy draws."
+    recipe, m = type(task).base_recipe, ModelConfig()
+    d_model, fraction = recipe.get("d_model", m.d_model), recipe.get("override_fraction", 0.0)
+    return {"base.steps": recipe.get("steps", BaseTrainConfig().steps), "base.model.d_model": d_model, "base.model.n_layers": recipe.get("n_layers", m.n_layers),
+            "base.model.d_ff": 4 * d_model, "n_train": recipe.get("n_train", RunConfig.n_train), "base.override_fraction": fraction,
+            "base.input_overrides": recipe.get("input_overrides", {}) if fraction > 0 else {}, "base.strategy_draws": recipe.get("strategy_draws", 1)}
+
+def objective_training(objective: str,          # a name of the objectives table
+                       steps: int,              # the run's CVAE steps (the beta schedule's length)
+                       alpha: float | None = None, gamma: float | None = None,  # theta's weights (None: 0.5 and 1)
+                       train: TrainConfig = TrainConfig(),  # the training configuration to complete
+                      ) -> tuple[ReconstructionLossConfig, TrainConfig]:
+    "The objective's loss stack, and `train` with its KL treatment: its beta schedule over `steps`, its free bits, the beta x c_theta control."
+    obj = objectives(alpha=0.5 if alpha is None else alpha, gamma=1.0 if gamma is None else gamma)[objective]
+    train = dataclasses.replace(train, free_bits=obj.free_bits, beta_times_c_ref=obj.beta_times_c)
+    return obj.loss, dataclasses.replace(train, beta=obj.beta_schedule(train.beta.beta, max(steps, 1)))
+
+# %% ../nbs/09_runs.ipynb #d09f02d8
+def resolve_config(task: Task | str = "visiting_order",   # a task, or a registered name or module:Class (with `regime` and `task_fields`)
+                   objective: str = "theta",              # the compared objective (OBJECTIVE_NAMES)
+                   overrides: dict[str, object] | None = None,  # dotted RunConfig paths -> values, applied last
+                   alpha: float | None = None, gamma: float | None = None,  # theta's weights (None: 0.5 and 1)
+                   regime: str | None = None,             # a named preset of a task given by name
+                   names: dict[str, str] | None = None,   # dotted path -> the caller's name for it, in error messages
+                   **task_fields,                         # fields of a task given by name (e.g. prior, tie_fraction)
+                  ) -> RunConfig:
+    "One run's complete configuration: the task's base recipe, the objective's loss and KL treatment, then `overrides` (a `loss.lambda_*` makes it `custom`)."
+    t = task if isinstance(task, Task) else make_task(task, regime, **task_fields)
+    changes = {**recipe_overrides(t), **(overrides or {})}
+    if "base.model.d_model" in (overrides or {}) and "base.model.d_ff" not in (overrides or {}): changes["base.model.d_ff"] = 4 * changes["base.model.d_model"]
+    if (overrides or {}).get("base.override_fraction") == 0: changes["base.input_overrides"] = {}
+    loss, train = objective_training(objective, changes.get("train.steps", TrainConfig().steps), alpha, gamma)
+    custom = any(k.startswith("loss.lambda_") for k in changes)
+    cfg = dataclasses.replace(RunConfig(), task=t, loss=loss, objective="custom" if custom else objective, train=train)
+    return apply_overrides(cfg, changes, names)
 
 # %% ../nbs/09_runs.ipynb #67650660
 ADAPT_MODES = ("frozen", "lora", "full")
@@ -560,11 +627,13 @@ class Run:
                  rank: int = 0,                       # this process's rank under torchrun
                  world: int = 1,                      # the number of processes
                  optimizers=None,                     # (model, TrainConfig) -> optimizers (None: AdamW over every trained weight)
+                 metrics=None,                        # (run, final held-out terms) -> the backbone's metrics (None: the training loop's
+                                                      # `run_metrics`, the small transformer's)
                  **prepared):                         # train_rows, train_cache, eval_rows, eval_cache a backbone's preparer made already
         self.dir, self.config, self.device, self.vocab, self.train, self.held_out = dir, config, device, vocab, train, held_out
         self.base, self.scale, self.model, self.rank, self.world = base, scale, model, rank, world
         self.reference = FrozenReference(base) if reference is None else reference
-        self._optimizers = optimizers
+        self._optimizers, self.metrics_hook = optimizers, metrics
         self.__dict__.update(prepared)  # the cached properties below make what a preparer did not
 
     task = property(lambda self: self.config.task)
@@ -635,6 +704,22 @@ def _checked_checkpoint(path: Path) -> dict:
     bad = [name for name, t in ck["model"].items() if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all()]
     if bad: raise ValueError(f"{path} holds non-finite weights ({bad[0]}{' and others' if len(bad) > 1 else ''}); delete it to start the run again, or rerun with --force")
     return ck
+
+# %% ../nbs/09_runs.ipynb #02f66b3a
+def write_run_record(rd: RunDir,     # the run's directory
+                     config,         # its RunConfig or HFRunConfig
+                     world: int,     # the processes that train it
+                     versions: dict | None = None,  # versions of the backbone's libraries, beside the environment's
+                     **fields,       # what else its loader needs (the task's module:Class, the backbone's loader)
+                    ) -> None:
+    "`config.json`: the configuration, what loads it back, and the environment (the one writer of a run's record)."
+    atomic_write_json(rd.config, {"config": config.to_dict(), **fields, "environment": {**environment_record(config.seed), "world_size": world, **(versions or {})}})
+
+def write_command(rd: RunDir,     # the run's directory
+                  argv: list[str],  # the command that trains it, program first
+                 ) -> None:
+    "`command.txt`: the one shell line that trains (or resumes) the run (the one writer of it)."
+    atomic_write_bytes(rd.command, (shlex.join(argv) + "\n").encode())
 
 # %% ../nbs/09_runs.ipynb #a50580b6
 def check_writable(path: Path):  # a directory to write (it need not exist yet)
@@ -709,8 +794,7 @@ def prepare_run(run_dir: Path,                     # the run directory (made if 
     vocab = run_vocab(config)
     if rank == 0:
         rd.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(rd.config, {"config": config.to_dict(), "task_class": _task_spec(config.task),
-                                      "environment": {**environment_record(config.seed), "world_size": world}})
+        write_run_record(rd, config, world, task_class=_task_spec(config.task))
     for turn in (0, 1):  # rank 0 trains the base and estimates c_theta; then the others find them on disk
         if (rank == 0) == (turn == 0):
             base = prepare_base(rd.path, vocab, train, config, device, progress and rank == 0, held_out)

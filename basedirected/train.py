@@ -29,7 +29,7 @@ from .tasks import batch_indices
 
 # %% auto #0
 __all__ = ['evaluate', 'NonFiniteError', 'check_batch_split', 'train_step', 'OneRun', 'ShardedRun', 'TensorBoardSink', 'fit',
-           'train_run', 'BaseGateError', 'gate_message', 'compile_cvae', 'run_metrics', 'run']
+           'train_run', 'BaseGateError', 'gate_message', 'compile_cvae', 'run_metrics', 'complete', 'run']
 
 # %% ../nbs/10_train.ipynb #f9c72bad
 @torch.no_grad()
@@ -355,8 +355,18 @@ def run_metrics(run: Run,             # a trained run
               **{f"gate_{k}{s}": run.gate[k + s] for k in ("answer_only_accuracy", "valid_rate", "answer_accuracy") for s in ("", "_n", "_lo", "_hi")},
               **{f"gate_{k}": run.gate[k] for k in ("strategy_gap", "surprisal_excess")},
               "gate_passes": float(run.gate["passes"]), **{f"eval_{k}": v for k, v in final.items()}, **metrics}
-    # a figure with no value here (e.g. no revealing token, no code ever chosen) is written as null: JSON has no NaN
-    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+    return record
+
+# %% ../nbs/10_train.ipynb #b91fee02
+def complete(run: Run,                  # a trained run, any backbone
+             final: dict,               # its final held-out terms
+             extra: dict | None = None, # what the caller adds (a sweep cell's coordinates); its names win
+            ) -> dict:                  # the record written
+    "Write `metrics.json`, the one writer of it: the backbone's metrics (`Run.metrics_hook`, else `run_metrics`) with `extra`; last, since its presence marks the run finished."
+    record = {**(run.metrics_hook or run_metrics)(run, final), **(extra or {})}
+    record = _json_safe(record)  # a figure with no value (no revealing token, no code ever chosen) is null: JSON has no NaN
+    atomic_write_json(run.dir.metrics, record)
+    return record
 
 # %% ../nbs/10_train.ipynb #79d616ef
 def run(run_dir: Path,                     # the run directory (made if absent; resumed if it holds this run)
@@ -384,6 +394,5 @@ def _run(run_dir, config, device, progress, stop_after, resume_without_log, requ
         if require_gate: raise BaseGateError(gate_message(r.gate, r.dir.gate))
         if r.rank == 0: warnings.warn(f"adapting a CVAE from a base that fails the quality gate ({'; '.join(gate_failures(r.gate))}; {r.dir.gate})", stacklevel=2)
     final = train_run(r, progress, stop_after, tensorboard)
-    if metrics and r.rank == 0 and (stop_after is None or stop_after >= config.train.steps) and not r.dir.metrics.exists():
-        atomic_write_json(r.dir.metrics, run_metrics(r, final))
+    if metrics and r.rank == 0 and (stop_after is None or stop_after >= config.train.steps) and not r.dir.metrics.exists(): complete(r, final)
     return final

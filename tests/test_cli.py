@@ -241,3 +241,19 @@ def test_the_code_initialization_scale_is_an_option_that_refuses_bad_values(tmp_
     code, err = train("--run-dir", str(tmp_path / "run"), "--code-init-noise", value, capsys=capsys)
     assert code == 2 and len(err) == 1 and message in err[0], err
     assert not (tmp_path / "run").exists()
+
+
+def test_the_api_and_the_command_line_resolve_the_same_configuration():
+    "resolve_config (the API) and basedirected-train's options build one RunConfig for every task and objective, with and without changes."
+    from basedirected.objective import OBJECTIVE_NAMES
+    from basedirected.runs import resolve_config
+    from basedirected.tasks import Task
+    from basedirected.cli import build_parser, config_from_args
+    parse = lambda argv: config_from_args(build_parser().parse_args(argv))
+    for task in Task.registry:
+        for objective in OBJECTIVE_NAMES:
+            assert resolve_config(task, objective) == parse(["--task", task, "--objective", objective]), (task, objective)
+        changed = {"train.steps": 700, "train.tau": 0.07, "cvae.posterior": "exact", "cvae.K": 3, "base.steps": 50}
+        assert resolve_config(task, "theta", changed, alpha=0.0, gamma=2.0) == parse(
+            ["--task", task, "--steps", "700", "--tau", "0.07", "--posterior", "exact", "--K", "3", "--base-steps", "50", "--alpha", "0", "--gamma", "2"])
+    assert resolve_config("sorting").base.steps == 5000 != RunConfig().base.steps  # the recipe's base, which RunConfig's defaults are not
