@@ -265,7 +265,8 @@ class _SeedData:
 
 # %% ../nbs/10c_groups.ipynb #1db7b740
 class RunGroup:
-    "N prepared runs that share a `group_key`, trained together: stacked parameters, one vmapped step, `GroupAdamW`."
+    "N prepared runs that share a `group_key`, trained together: stacked parameters, one vmapped step, `GroupAdamW` (a `Stepper` of notebook 10)."
+    accumulates, writes = False, True  # its vmapped step takes the whole batch at once; one process holds the group and writes
     def __init__(self, runs: list[Run],                     # prepared runs sharing a group_key, on one device
                  compile: bool | str = False,               # compile the vmapped step: True, or torch.compile's mode (reduce-overhead: CUDA graphs)
                  attention: tuple[str, ...] | None = None,  # SDPA backends allowed (ATTENTION_BACKENDS); None: all when folded, else math

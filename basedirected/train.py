@@ -14,6 +14,7 @@ import time
 import warnings
 from collections import deque
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn as nn
@@ -28,8 +29,8 @@ from .runs import (Run, RunConfig, TrainConfig, atomic_torch_save, atomic_write_
 from .tasks import batch_indices
 
 # %% auto #0
-__all__ = ['evaluate', 'NonFiniteError', 'check_batch_split', 'train_step', 'OneRun', 'ShardedRun', 'TensorBoardSink', 'fit',
-           'train_run', 'BaseGateError', 'gate_message', 'compile_cvae', 'run_metrics', 'complete', 'run']
+__all__ = ['evaluate', 'NonFiniteError', 'check_batch_split', 'train_step', 'Stepper', 'OneRun', 'ShardedRun', 'TensorBoardSink',
+           'fit', 'train_run', 'BaseGateError', 'gate_message', 'compile_cvae', 'run_metrics', 'complete', 'run']
 
 # %% ../nbs/10_train.ipynb #f9c72bad
 @torch.no_grad()
@@ -100,17 +101,20 @@ def train_step(run: Run,             # a prepared run (any backbone)
                beta: float,          # the step's KL weight
                lr: float,            # the step's learning rate
                forward=None,         # what runs the CVAE: its DistributedDataParallel replica under torchrun (None: the model)
+               shard=None,           # this process's share of the global batch's rows (`ShardedRun.shard`; None: all of them)
+               reduce=None,          # every process's host values combined (`ShardedRun.reduce`; None: this process's own)
               ) -> dict:             # the log record
     "One optimizer step of `run.model` on this process's share of global minibatch `step` (in `grad_accum` micro-batches); returns the log record (every term, KL, β, lr, gradient norm, throughput, or the term that was not finite)."
     model, tc, device, t0 = run.model, run.config.train, run.device, time.perf_counter()
     skipped = lambda term: {"step": step + 1, "split": "train", "beta": beta, "lr": lr, "skipped": term}
     # data: batch `step` of the training split (this process's share of it)
     idx = batch_indices(len(run.train), tc.batch_size, run.config.seed, step)
-    mine = idx if run.world == 1 else shard_indices(idx, run.rank, run.world)
+    mine = idx if shard is None else shard(idx)
     noise, eps = torch.Generator().manual_seed(run.config.seed * 1_000_003 + step), None
-    if (run.world > 1 or tc.grad_accum > 1) and run.config.cvae.latent == "continuous":  # the global batch's noise, as one process draws it
+    if (shard is not None or tc.grad_accum > 1) and run.config.cvae.latent == "continuous":  # the global batch's noise, as one process draws it
         c = run.config.cvae
-        eps = torch.randn(len(idx), c.n_samples, c.latent_dim, generator=noise).view(run.world, -1, c.n_samples, c.latent_dim)[run.rank]
+        eps = torch.randn(len(idx), c.n_samples, c.latent_dim, generator=noise)
+        eps = eps if shard is None else shard(eps)
     for opt in optimizers:
         for g in opt.param_groups: g["lr"] = lr
         opt.zero_grad(set_to_none=True)
@@ -128,10 +132,7 @@ def train_step(run: Run,             # a prepared run (any backbone)
     flags = torch.stack([f for _, f in micro]).min(0).values
     # the step's one host sync: finiteness of the losses and the KL, every term and the gradient norm
     host = torch.cat([flags, torch.stack(list(terms.values())), grad_norm.detach().float().reshape(1)]).tolist()
-    if run.world > 1:  # every process's flags and terms (the gradient norm is the same on each after the all-reduce)
-        every = gather_floats(host, run.world, device)
-        host = [min(r[0] for r in every), min(r[1] for r in every),
-                *((max if k == "kappa_max" else statistics.fmean)([r[2 + i] for r in every]) for i, k in enumerate(terms)), host[-1]]
+    if reduce is not None: host = reduce(host, list(terms))  # every process's flags and terms
     values, grad_norm = dict(zip(terms, host[2:-1])), host[-1]
     for term, ok in (("nll", host[0]), ("kl", host[1]), ("loss", math.isfinite(values["loss"])), ("grad_norm", math.isfinite(grad_norm))):
         if not ok:
@@ -143,9 +144,20 @@ def train_step(run: Run,             # a prepared run (any backbone)
 
 
 # %% ../nbs/10_train.ipynb #f621b503
+class Stepper(Protocol):
+    "What `fit` asks of a way of training: it owns the step (sharding and reduction included), the optimizer states and which process writes."
+    runs: list[Run]      # the runs it trains
+    accumulates: bool    # its steps split the batch into `grad_accum` micro-batches
+    writes: bool         # this process writes the runs' files (logs, checkpoints, eval.json): rank 0 under torchrun
+    def step(self, step: int) -> list[dict]: "One optimizer step of every run; each run's log record."
+    def sync(self) -> None: "Make each run's own model current (before an evaluation or a checkpoint)."
+    def optimizer_state(self, n: int, step: int) -> list[dict]: "What run n's checkpoint saves."
+    def load_optimizer_state(self, n: int, state: list[dict]) -> None: "Restore run n's optimizer states."
+    def stop(self, n: int) -> None: "Take run n out after non-finite steps."
+
 class OneRun:
     "The stepper of one run in one process: `train_step` with the run's optimizers."
-    accumulates = True  # its steps split the batch into `grad_accum` micro-batches
+    accumulates, writes = True, True  # micro-batches; the one process writes
     def __init__(self, runs: list[Run]):  # one prepared run
         if len(runs) != 1: raise ValueError(f"OneRun steps one run, got {len(runs)}; a group of runs is a RunGroup (notebook 10c)")
         self.runs, self.optimizers, self.forward = runs, runs[0].optimizers(), None
@@ -153,8 +165,9 @@ class OneRun:
     def step(self, step: int) -> list[dict]:
         "One optimizer step; the run's log record, in a list of one."
         run = self.runs[0]
-        return [train_step(run, self.optimizers, step, run.kl_weight(step), run.config.train.lr_at(step), self.forward)]
+        return [train_step(run, self.optimizers, step, run.kl_weight(step), run.config.train.lr_at(step), self.forward, *self.hooks())]
 
+    def hooks(self) -> tuple: return None, None  # the whole batch, this process's values: nothing to shard or reduce
     def sync(self): "The run's own model is the one trained: nothing to copy."
     def optimizer_state(self, n: int, step: int) -> list[dict]: return [o.state_dict() for o in self.optimizers]
     def load_optimizer_state(self, n: int, state: list[dict]):
@@ -169,11 +182,24 @@ class _Replica:
     training = property(lambda self: self.ddp.training)
 
 class ShardedRun(OneRun):
-    "One run over `torchrun`'s processes: each steps its share of the global batch through DistributedDataParallel; only rank 0 writes."
+    "One run over `torchrun`'s processes: each steps its share of the global batch through DistributedDataParallel, their host values are reduced, only rank 0 writes."
     def __init__(self, runs: list[Run]):  # one prepared run, on this process
         super().__init__(runs)
+        self.rank, self.world, self.writes = runs[0].rank, runs[0].world, runs[0].rank == 0
         # an exact posterior leaves the posterior network unused: DDP must not wait for its gradients
         self.forward = _Replica(nn.parallel.DistributedDataParallel(runs[0].model, find_unused_parameters=True))
+
+    def shard(self, rows: torch.Tensor) -> torch.Tensor:
+        "This process's share of the global batch's rows (indices, or the continuous latent's noise drawn for the whole batch)."
+        return shard_indices(rows, self.rank, self.world) if rows.dim() == 1 else rows.view(self.world, -1, *rows.shape[1:])[self.rank]
+
+    def reduce(self, host: list[float], terms: list[str]) -> list[float]:
+        "Every process's finiteness flags (all must hold) and terms (their mean; kappa_max their max); the gradient norm is the same on each after the all-reduce."
+        every = gather_floats(host, self.world, self.runs[0].device)
+        return [min(r[0] for r in every), min(r[1] for r in every),
+                *((max if k == "kappa_max" else statistics.fmean)([r[2 + i] for r in every]) for i, k in enumerate(terms)), host[-1]]
+
+    def hooks(self) -> tuple: return self.shard, self.reduce
 
 # %% ../nbs/10_train.ipynb #9750852b
 def _checkpoint(run: Run, optimizer_state: list[dict], step: int):
@@ -229,16 +255,17 @@ def fit(runs: list[Run],                        # prepared runs (`prepare_run`, 
         tensorboard: str | Path | None = None,  # also write every record as TensorBoard events here (rank 0; a group's runs in subdirectories)
        ) -> list[dict | NonFiniteError]:        # each run's final held-out terms ({} on a process other than rank 0), or the error that stopped it
     "The training loop of every run: resume, steps, evaluations, checkpoints, the non-finite guard; a run that reaches its last step writes `eval.json`."
-    tc, main, world = runs[0].config.train, runs[0].rank == 0, runs[0].world
+    tc, world = runs[0].config.train, runs[0].world
     check_batch_split(tc, world)
     if tc.grad_accum > 1 and not getattr(stepper or OneRun, "accumulates", False):  # a group's vmapped step takes its whole batch at once
         raise ValueError(f"grad_accum {tc.grad_accum}: {getattr(stepper, '__name__', stepper)} steps the whole batch at once; train the run alone (OneRun, ShardedRun)")
     start, states = _resume(runs)
     end = tc.steps if stop_after is None else min(tc.steps, stop_after)
+    s: Stepper = (stepper or (ShardedRun if world > 1 else OneRun))(runs)
+    main = s.writes  # the stepper says which process writes the runs' files
     for r in runs:
         if main: truncate_log(r.dir.log, start)
         r.model.train()
-    s = (stepper or (ShardedRun if world > 1 else OneRun))(runs)
     for n, st in enumerate(states):
         if st is not None: s.load_optimizer_state(n, st)
     watches = [(deque(maxlen=50), {"skipped": 0, "warned": False}) for _ in runs]
