@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import inspect
 import linecache
+import math
 import os
 import re
 import shlex
@@ -25,11 +26,12 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from .cvae import CVAEConfig
 from .objective import BETA_SCHEDULES, OBJECTIVE_NAMES, ORIGINAL_FLAG_ALIASES, objectives
 from .reconstruction import TERM_NAMES
 from .runs import (ADAPT_MODES, LR_SCHEDULES, OPTIMIZERS, HFRunConfig, RunConfig, RunDir, RunInputError, TrainConfig, apply_overrides,
                                atomic_write_bytes, check_run_dir, exclusive_run_dir, objective_training, read_json, rename_fields, resolve_config,
-                               resolve_device, write_command)
+                               resolve_device, write_command, DEFAULT_RUN, DEFAULT_TASK)
 from .tasks import Task, make_task, task_class
 from .train import BaseGateError, NonFiniteError, run
 # the package's tasks register themselves (Task.registry) when their modules are imported; --task names any registered one
@@ -139,7 +141,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
 TASK_OPTIONS: tuple[Option, ...] = (  # the synthetic task and the base model the command pre-trains
     Option("--task", None, "task", "the synthetic task: a registered name (" + ", ".join(Task.registry) + ") or module:Class, a Task subclass of your "
            "own (its base_recipe gives the base's defaults); with --backbone, the task the data was exported from, whose checker scores generations "
-           "(default: visiting_order; with --backbone none)", default=None),
+           f"(default: {DEFAULT_TASK}; with --backbone none)", default=None),
     Option("--regime", None, "task", "a preset of the task: for visiting_order one of " + ", ".join(REGIMES) + " (default early); "
            "sorting and addition: short, long; grid_pathfinding: small, large, open (default: the task's defaults)", default=None),
     Option("--prior", None, "task", "strategy prior p(s|x) (default: the regime's)", ("uniform", "input"), None, backbones=_TINY),
@@ -177,20 +179,21 @@ HF_OPTIONS: tuple[Option, ...] = (  # a Hugging Face causal LM on disk instead
 # %% ../nbs/10b_cli.ipynb #4f210dd4
 OBJECTIVE_OPTIONS: tuple[Option, ...] = (  # the latent, the objective and its KL treatment
     Option("--latent", "cvae.latent", "latent", choices=("discrete", "continuous")),
-    Option("--K", "cvae.K", "latent"),
+    Option("--K", "cvae.K", "latent", default=None, type=int, note=f"(default: the task's number of strategies; with --backbone: {CVAEConfig().K})"),
     Option("--latent-dim", "cvae.latent_dim", "latent", backbones=_TINY),
     Option("--code-init-noise", "cvae.code_init_noise", "latent"),
     Option("--router", "cvae.router", "latent", choices=("input", "marginal"), backbones=_TINY),
     Option("--coupling", "cvae.coupling", "latent", backbones=_TINY),
-    Option("--posterior", "cvae.posterior", "latent", choices=("amortized", "exact", "exact+distill")),
+    Option("--posterior", "cvae.posterior", "latent", choices=("amortized", "exact", "exact+distill"), default=None, type=str,
+           note=f"(default: {DEFAULT_RUN['cvae.posterior']}; with --backbone: {CVAEConfig().posterior})"),
     Option("--allow-inert", None, "latent", "allow --K 1, whose discrete latent is inert by construction (a control)", default=False),
     Option("--objective", None, "objective", "the compared objective: reconstruction stack and KL treatment; theta is "
            "R_theta = alpha R_dist + (1 - alpha) R^_tok", OBJECTIVE_NAMES, "theta"),
     Option("--alpha", "loss.alpha", "objective", default=None, type=float, note="(default: the objective's, 0.5 for theta)"),
     Option("--gamma", "loss.gamma", "objective", default=None, type=float, note="(default 1)"),
-    Option("--beta", "train.beta.beta", "objective", default=None, type=float, note=f"(default {TrainConfig().beta.beta})"),
+    Option("--beta", "train.beta.beta", "objective", default=None, type=float, note=f"(default: --tau {DEFAULT_RUN['train.tau']}; with --backbone: {TrainConfig().beta.beta})"),
     Option("--tau", "train.tau", "objective", default=None, type=float, backbones=_TINY,
-           note="(replaces --beta): tau < 1 is where using z is optimal"),
+           note=f"(replaces --beta): tau < 1 is where using z is optimal (default {DEFAULT_RUN['train.tau']} unless --beta is given)"),
     Option("--beta-schedule", "train.beta.kind", "objective", choices=BETA_SCHEDULES, default=None, note="(default: the objective's)"),
     Option("--beta-warmup-steps", "train.beta.warmup_steps", "objective", default=None, type=int, note="(default: steps // 3)"),
     Option("--beta-zero-steps", "train.beta.zero_steps", "objective", default=None, type=int, note="(default: steps // 6)"),
@@ -206,7 +209,7 @@ TRAINING_OPTIONS: tuple[Option, ...] = (  # c_theta, optimisation and the metric
     Option("--c-source", "c_source", "reference", choices=("model", "data")),
     Option("--c-samples", "c_samples", "reference"),
     Option("--recompute-reference", "train.recompute_reference", "reference"),
-    Option("--steps", "train.steps", "training"),
+    Option("--steps", "train.steps", "training", default=None, type=int, note=f"(default {DEFAULT_RUN['train.steps']}; with --backbone: {TrainConfig().steps})"),
     Option("--batch-size", "train.batch_size", "training"),
     Option("--lr", "train.lr", "training"),
     Option("--lr-schedule", "train.lr_schedule", "training", choices=LR_SCHEDULES),
@@ -335,7 +338,7 @@ def config_from_args(a: argparse.Namespace,  # what `build_parser` parsed
     if a.tau is not None and a.beta is not None: raise ValueError("--tau and --beta both set the KL weight; give only one")
     given = _given(a, "tiny")
     fields = {k: v for k, v in (("prior", a.prior), ("tie_fraction", a.tie_fraction)) if v is not None}
-    try: cfg = resolve_config(a.task or "visiting_order", a.objective, {k: v for k, (v, _) in given.items()}, a.alpha, a.gamma, a.regime,
+    try: cfg = resolve_config(a.task or DEFAULT_TASK, a.objective, {k: v for k, (v, _) in given.items()}, a.alpha, a.gamma, a.regime,
                               names={k: flag for k, (_, flag) in given.items()}, **fields)
     except ValueError as e: raise ValueError(_as_flags(str(e))) from None
     return _original_switch(cfg, a)
@@ -449,6 +452,17 @@ def _report(rd: RunDir, prog: str, args: list[str], final: dict, seconds: float)
         shown = ("I_zs_given_x_norm", "I_zs_norm", "I_zxy", "drift", "alignment_posterior", "alignment_posterior_null", "gen_alignment_controlled_all",
                  "gen_alignment_controlled_all_null", "gen_classified_share", "gen_purity_controlled_all", "gen_coverage_mean", "gen_answer_rate")
         print(f"  metrics ({len(m)} in {rd.metrics}): " + ", ".join(f"{k} {m[k]:.3f}" for k in shown if isinstance(m.get(k), float)))
+        if (line := _verdict(m, read_json(rd.config)["config"].get("cvae", {}).get("K"))): print(line)
+
+def _verdict(m: dict,          # a run's metrics.json record
+             K: int | None,    # its codes
+            ) -> str:          # one line: what z became, or '' where the record lacks it
+    "The run's answer in one line: the held-out rate against log K, the controlled alignment against its chance level, the answers, whether it settled."
+    if not all(isinstance(m.get(k), (int, float)) for k in ("rate", "gen_alignment_controlled_all", "gen_alignment_controlled_all_null")): return ""
+    settled = {True: "settled", False: "still moving at its last step", None: "too few evaluations to tell whether it settled"}[m.get("settled")]
+    return (f"z: held-out rate {m['rate']:.2f} nats" + (f" (log K = {math.log(K):.2f})" if K and K > 1 else "") + f"; codes name the strategy in "
+            f"{m['gen_alignment_controlled_all']:.0%} of forced generations (chance {m['gen_alignment_controlled_all_null']:.0%})"
+            + (f"; answers right {m['gen_answer_rate']:.0%}" if isinstance(m.get("gen_answer_rate"), float) else "") + f"; {settled}")
 
 def hf_train_main(argv: list[str] | None = None,  # the options (None: the command line's)
                  ) -> int:

@@ -39,14 +39,15 @@ from .visiting_order import VisitingOrder
 import basedirected.addition, basedirected.grid_pathfinding, basedirected.sorting  # noqa: F401
 
 # %% auto #0
-__all__ = ['LR_SCHEDULES', 'MAX_KL_WEIGHT', 'ADAPT_MODES', 'OPTIMIZERS', 'TrainConfig', 'RunConfig', 'rename_fields',
-           'apply_overrides', 'recipe_overrides', 'objective_training', 'resolve_config', 'AdaptConfig', 'HFRunConfig',
-           'RunDir', 'atomic_write_bytes', 'atomic_write_json', 'atomic_torch_save', 'load_checkpoint', 'read_json',
-           'trained_state', 'load_trained_state', 'file_lock', 'exclusive_run_dir', 'remove_temporaries', 'read_log',
-           'truncate_log', 'environment_record', 'resolve_device', 'run_vocab', 'distributed_setup', 'barrier',
-           'gather_floats', 'shard_indices', 'load_base', 'prepare_base', 'prepare_reference_scale', 'prepare_gate',
-           'Run', 'read_reference_scale', 'write_run_record', 'write_command', 'check_writable', 'check_run_dir',
-           'RunInputError', 'check_sequence_lengths', 'prepare_run', 'load_run']
+__all__ = ['LR_SCHEDULES', 'MAX_KL_WEIGHT', 'DEFAULT_TASK', 'DEFAULT_RUN', 'ADAPT_MODES', 'OPTIMIZERS', 'TrainConfig',
+           'RunConfig', 'rename_fields', 'apply_overrides', 'recipe_overrides', 'objective_training', 'default_changes',
+           'resolve_config', 'AdaptConfig', 'HFRunConfig', 'RunDir', 'atomic_write_bytes', 'atomic_write_json',
+           'atomic_torch_save', 'load_checkpoint', 'read_json', 'trained_state', 'load_trained_state', 'file_lock',
+           'exclusive_run_dir', 'remove_temporaries', 'read_log', 'truncate_log', 'environment_record',
+           'resolve_device', 'run_vocab', 'distributed_setup', 'barrier', 'gather_floats', 'shard_indices', 'load_base',
+           'prepare_base', 'prepare_reference_scale', 'prepare_gate', 'Run', 'read_reference_scale', 'write_run_record',
+           'write_command', 'check_writable', 'check_run_dir', 'RunInputError', 'check_sequence_lengths', 'prepare_run',
+           'load_run']
 
 # %% ../nbs/09_runs.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
@@ -211,7 +212,19 @@ def objective_training(objective: str,          # a name of the objectives table
     return obj.loss, dataclasses.replace(train, beta=obj.beta_schedule(train.beta.beta, max(steps, 1)))
 
 # %% ../nbs/09_runs.ipynb #d09f02d8
-def resolve_config(task: Task | str = "visiting_order",   # a task, or a registered name or module:Class (with `regime` and `task_fields`)
+DEFAULT_TASK = "sorting"
+DEFAULT_RUN = {"cvae.posterior": "exact", "train.tau": 0.07, "train.steps": 700}  # what a run is unless told otherwise (K: the task's strategies)
+
+def default_changes(task: Task,              # the run's task
+                    overrides: dict,         # the changes asked for
+                   ) -> dict[str, object]:   # DEFAULT_RUN's changes that `overrides` leaves open
+    "The demonstration's defaults: the exact posterior, one code per strategy, tau 0.07 unless a KL weight is given, a budget past sorting's measured settling (700 steps)."
+    out = {k: v for k, v in DEFAULT_RUN.items() if k not in overrides}
+    if "train.beta.beta" in overrides: out.pop("train.tau", None)  # a KL weight given as beta
+    if "cvae.K" not in overrides: out["cvae.K"] = len(task.strategies)
+    return out
+
+def resolve_config(task: Task | str = DEFAULT_TASK,      # a task, or a registered name or module:Class (with `regime` and `task_fields`)
                    objective: str = "theta",              # the compared objective (OBJECTIVE_NAMES)
                    overrides: dict[str, object] | None = None,  # dotted RunConfig paths -> values, applied last
                    alpha: float | None = None, gamma: float | None = None,  # theta's weights (None: 0.5 and 1)
@@ -219,9 +232,9 @@ def resolve_config(task: Task | str = "visiting_order",   # a task, or a registe
                    names: dict[str, str] | None = None,   # dotted path -> the caller's name for it, in error messages
                    **task_fields,                         # fields of a task given by name (e.g. prior, tie_fraction)
                   ) -> RunConfig:
-    "One run's complete configuration: the task's base recipe, the objective's loss and KL treatment, then `overrides` (a `loss.lambda_*` makes it `custom`)."
+    "One run's complete configuration: the task's base recipe, `default_changes`, the objective's loss and KL treatment, then `overrides` (a `loss.lambda_*` makes it `custom`)."
     t = task if isinstance(task, Task) else make_task(task, regime, **task_fields)
-    changes = {**recipe_overrides(t), **(overrides or {})}
+    changes = {**recipe_overrides(t), **default_changes(t, overrides or {}), **(overrides or {})}
     if "base.model.d_model" in (overrides or {}) and "base.model.d_ff" not in (overrides or {}): changes["base.model.d_ff"] = 4 * changes["base.model.d_model"]
     if (overrides or {}).get("base.override_fraction") == 0: changes["base.input_overrides"] = {}
     loss, train = objective_training(objective, changes.get("train.steps", TrainConfig().steps), alpha, gamma)

@@ -18,7 +18,7 @@ from basedirected.reports import repro_main
 from basedirected.runs import RunConfig, RunDir, read_json
 from basedirected.tasks import task_class
 
-TINY = ["--n-train", "600", "--n-eval", "32", "--c-samples", "64", "--base-steps", "40", "--d-model", "32", "--n-layers", "1",
+TINY = ["--task", "visiting_order", "--posterior", "amortized", "--n-train", "600", "--n-eval", "32", "--c-samples", "64", "--base-steps", "40", "--d-model", "32", "--n-layers", "1",
         "--n-heads", "2", "--d-ff", "64", "--K", "3", "--steps", "8", "--batch-size", "8", "--eval-every", "4", "--checkpoint-every", "4", "--quiet",
         "--allow-failed-base"]
 

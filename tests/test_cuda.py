@@ -19,7 +19,7 @@ from basedirected.train import run, train_step
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: run `pytest -m cuda` on a GPU machine")]
 
-SMALL = ["--n-train", "512", "--n-eval", "64", "--base-steps", "200", "--c-samples", "64", "--steps", "30", "--batch-size", "16",
+SMALL = ["--task", "visiting_order", "--posterior", "amortized", "--n-train", "512", "--n-eval", "64", "--base-steps", "200", "--c-samples", "64", "--steps", "30", "--batch-size", "16",
          "--eval-every", "15", "--checkpoint-every", "15"]
 ARMS = [("discrete", "amortized"), ("discrete", "exact"), ("discrete", "exact+distill"), ("continuous", "amortized")]
 # bf16 autocast against float32: measured differences are printed; these bounds say what "agree" means

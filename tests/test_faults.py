@@ -22,7 +22,7 @@ from basedirected.train import NonFiniteError, run
 from basedirected.visiting_order import VisitingOrder
 from basedirected.weights import concentration_factor, reconstruction_weights
 
-TINY = ["--n-train", "600", "--n-eval", "32", "--c-samples", "64", "--base-steps", "40", "--d-model", "32", "--n-layers", "1",
+TINY = ["--task", "visiting_order", "--posterior", "amortized", "--n-train", "600", "--n-eval", "32", "--c-samples", "64", "--base-steps", "40", "--d-model", "32", "--n-layers", "1",
         "--n-heads", "2", "--d-ff", "64", "--K", "3", "--steps", "8", "--batch-size", "8", "--eval-every", "4", "--checkpoint-every", "4", "--quiet", "--allow-failed-base"]
 
 

@@ -14,7 +14,7 @@ from basedirected.cli import build_parser, config_from_args
 from basedirected.train import run
 from basedirected.visiting_order import VisitingOrder
 
-TINY = ["--n-train", "600", "--n-eval", "32", "--c-samples", "64", "--base-steps", "40", "--d-model", "32", "--n-layers", "1",
+TINY = ["--task", "visiting_order", "--posterior", "amortized", "--n-train", "600", "--n-eval", "32", "--c-samples", "64", "--base-steps", "40", "--d-model", "32", "--n-layers", "1",
         "--n-heads", "2", "--d-ff", "64", "--K", "3", "--steps", "8", "--batch-size", "8", "--eval-every", "4", "--checkpoint-every", "4", "--allow-failed-base"]
 
 

@@ -16,7 +16,7 @@ import torch
 from basedirected.runs import load_run, read_log
 
 STEPPERS = ("one", "sharded", "group")
-TINY = ["--n-train", "600", "--n-eval", "32", "--c-samples", "64", "--base-steps", "40", "--d-model", "32", "--n-layers", "1", "--n-heads", "2",
+TINY = ["--task", "visiting_order", "--n-train", "600", "--n-eval", "32", "--c-samples", "64", "--base-steps", "40", "--d-model", "32", "--n-layers", "1", "--n-heads", "2",
         "--d-ff", "64", "--K", "3", "--posterior", "exact", "--steps", "8", "--batch-size", "8", "--eval-every", "4", "--checkpoint-every", "4",
         "--threads", "1", "--quiet", "--allow-failed-base"]
 
