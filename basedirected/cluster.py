@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from .experiments import (PRESETS, Preset, RunSpec, check_base_gate, check_sweep_dir, clear_held_cells, finished, finished_record, plan,
-                                      prepare_shared_base, record_preset, run_pack, selected_bases, skipped_cells)
+                                      prepare_shared_base, record_preset, run_pack, selected_bases, skipped_cells, SweepDir)
 from .groups import pack_groups
 from .model import ModelConfig
 from .runs import RunDir, atomic_write_json, check_writable, read_json
@@ -105,7 +105,7 @@ def _tuples(x):
 def preset_from_record(out: Path,  # a sweep directory, holding its preset.json
                       ) -> Preset:  # the preset, equal to the one recorded
     "The preset a sweep directory was made with, rebuilt from its `preset.json`."
-    path = Path(out) / "preset.json"
+    path = SweepDir(out).preset
     if not path.is_file(): raise FileNotFoundError(f"{path} not found: {out} is not a sweep directory (basedirected-repro writes preset.json first)")
     record = read_json(path).get("preset")
     if not isinstance(record, dict): raise ValueError(f"{path} holds no preset; it is damaged: rerun the sweep with its --preset to write it again")
@@ -188,7 +188,7 @@ def record_jobs(out: Path,                                # the sweep's output d
                 jobs: list[tuple[object, list[RunSpec]]],  # (submitit job, its pack) pairs
                ) -> None:
     "Add each job's id and logs, by cell key, to `OUT/jobs.json` (so `--collect` can say where a missing cell's log is)."
-    path = Path(out) / "jobs.json"
+    path = SweepDir(out).jobs
     known = read_json(path) if path.is_file() else {}
     for job, pack in jobs:
         known.update({s.key: {"job_id": str(job.job_id), "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr)} for s in pack})

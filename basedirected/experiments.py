@@ -33,11 +33,11 @@ from .groups import pack_groups, train_group
 
 # %% auto #0
 __all__ = ['PRESETS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVATION', 'CUDA_CONTEXT_GIB', 'Preset', 'RunSpec',
-           'cell_overrides', 'plan', 'plan_cost', 'base_dir', 'lock_path', 'prepare_shared_base', 'check_base_gate',
-           'select_bases', 'selected_bases', 'skipped_cells', 'clear_cells', 'finished_record', 'finished',
-           'check_sweep_dir', 'record_preset', 'cell_locks', 'clear_held_cells', 'run_cell', 'run_group_cells',
-           'run_pack', 'die_with_parent', 'pack_memory_gib', 'DevicePlacer', 'cuda_budgets_gib', 'run_placed',
-           'execute']
+           'cell_overrides', 'plan', 'plan_cost', 'SweepDir', 'base_dir', 'lock_path', 'prepare_shared_base',
+           'check_base_gate', 'select_bases', 'selected_bases', 'skipped_cells', 'clear_cells', 'finished_record',
+           'finished', 'check_sweep_dir', 'record_preset', 'cell_locks', 'clear_held_cells', 'run_cell',
+           'run_group_cells', 'run_pack', 'die_with_parent', 'pack_memory_gib', 'DevicePlacer', 'cuda_budgets_gib',
+           'run_placed', 'execute']
 
 # %% ../nbs/11_experiments.ipynb #7ef9c87a
 @dataclass(frozen=True)
@@ -270,14 +270,29 @@ def plan_cost(preset: Preset,
     return out
 
 # %% ../nbs/11_experiments.ipynb #bec1e2e9
+@dataclass(frozen=True)
+class SweepDir:
+    "Where a sweep's files live (the one place that spells its layout): a run directory per cell, the shared bases, the processes' locks, its records."
+    path: Path
+    FOLDERS = ("runs", "bases", "locks")  # a run directory per cell, the shared bases, the processes' locks
+    def __post_init__(self): object.__setattr__(self, "path", Path(self.path))
+    def run(self, key: str) -> RunDir: return RunDir(self.path / "runs" / key)                       # a cell's run directory
+    def base(self, regime: str, seed: int) -> Path: return self.path / "bases" / f"{regime}-s{seed}"  # a (task, data seed)'s shared base
+    def lock(self, name: str) -> Path: return self.path / "locks" / f"{name}.lock"                    # a cell's key, or 'base-' and a base's name
+    runs = property(lambda self: self.path / "runs")
+    bases = property(lambda self: self.path / "bases")
+    preset = property(lambda self: self.path / "preset.json")    # the grid and environment, written before any cell
+    jobs = property(lambda self: self.path / "jobs.json")        # a cluster's job ids and logs per cell
+    summary = property(lambda self: self.path / "summary.json")  # what ran, written with the tables
+
 def base_dir(out: Path,   # the sweep's directory
              regime: str,  # the task (or visiting-order regime)
              seed: int,    # the data seed
-            ) -> Path: return Path(out) / "bases" / f"{regime}-s{seed}"
+            ) -> Path: return SweepDir(out).base(regime, seed)
 
 def lock_path(out: Path,   # the sweep's directory
               name: str,   # a cell's key, or 'base-' and a base's directory name
-             ) -> Path: return Path(out) / "locks" / f"{name}.lock"
+             ) -> Path: return SweepDir(out).lock(name)
 
 def prepare_shared_base(out: Path,            # the sweep's directory
                         spec: RunSpec,        # a cell of the (task, data seed) whose base this is
@@ -352,7 +367,7 @@ def clear_cells(out: Path,              # the sweep's directory
                ) -> None:
     "`--force`: delete the files this package wrote for `specs` (their run directories and shared bases), and nothing else."
     for s in specs:
-        for d in (Path(out) / "runs" / s.key, base_dir(out, s.regime, s.config.data_seed)):
+        for d in (SweepDir(out).run(s.key).path, base_dir(out, s.regime, s.config.data_seed)):
             for f in RunDir(d).files(): f.unlink(missing_ok=True)
 
 # %% ../nbs/11_experiments.ipynb #52ffe3ab
@@ -364,7 +379,7 @@ def finished_record(out: Path,      # the sweep's directory
                     spec: RunSpec,  # one of its cells
                    ) -> dict | None:
     "The cell's metrics record if its run finished under its current configuration (`metrics.json`, written last, holding the cell's key), else None; `ValueError` names a finished cell's damaged checkpoint (one deleted to save space is no damage)."
-    rd = RunDir(Path(out) / "runs" / spec.key)
+    rd = SweepDir(out).run(spec.key)
     if not rd.metrics.is_file() or _stale(rd, spec): return None
     record = read_json(rd.metrics)
     if record.get("key") != spec.key: return None  # another writer's record (basedirected-train on the cell's command.txt): the sweep writes its own
@@ -379,7 +394,7 @@ def finished(out: Path,      # the sweep's directory
     return finished_record(out, spec) is not None
 
 # %% ../nbs/11_experiments.ipynb #e6026dc6
-SWEEP_FOLDERS = ("runs", "bases", "locks")  # a sweep's directory: one run directory per cell, the shared bases, the processes' locks
+SWEEP_FOLDERS = SweepDir.FOLDERS
 
 def check_sweep_dir(out: Path,  # the sweep's directory (made if absent)
                    ) -> None:
@@ -399,12 +414,12 @@ def record_preset(out: Path,       # the sweep's directory
                  ) -> None:
     "`preset.json`: the sweep's grid and environment, written before any cell (`--collect` rebuilds the preset from it)."
     check_sweep_dir(out)
-    atomic_write_json(Path(out) / "preset.json", {"preset": asdict(preset), "environment": environment_record(preset.seeds[0])})
+    atomic_write_json(SweepDir(out).preset, {"preset": asdict(preset), "environment": environment_record(preset.seeds[0])})
 
 # %% ../nbs/11_experiments.ipynb #849c8993
 def _open_cell(out: Path, spec: RunSpec, force: bool) -> RunDir | dict:
     "The cell's run directory, ready to train (its base copied in, its command written), or its metrics if it already finished."
-    rd = RunDir(Path(out) / "runs" / spec.key)
+    rd = SweepDir(out).run(spec.key)
     stale = _stale(rd, spec)
     if stale: print(f"{spec.key}: its configuration changed; rerunning it")
     if force or stale:
@@ -440,7 +455,7 @@ def cell_locks(out: Path,             # the sweep's directory
     try:
         for s in sorted(specs, key=lambda s: s.key):  # one order for every process: two packs that share cells cannot wait on each other
             stack.enter_context(file_lock(lock_path(out, s.key), f"waiting for another process training {s.key}"))
-            stack.enter_context(exclusive_run_dir(Path(out) / "runs" / s.key))
+            stack.enter_context(exclusive_run_dir(SweepDir(out).run(s.key).path))
     except BaseException: stack.close(); raise
     return stack
 

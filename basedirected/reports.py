@@ -23,7 +23,7 @@ from .cvae import CVAEConfig
 from .cli import OneLineParser, add_dataclass_options, dataclass_from_args
 from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, submit_sweep
 from .comparisons import across_base_interval, sign_flip_pvalue, variance_components, within_base_interval
-from .experiments import PRESETS, execute
+from .experiments import PRESETS, SweepDir, execute
 from .train import NonFiniteError
 from .reconstruction import TERM_NAMES
 from .runs import TrainConfig, RunDir, atomic_write_bytes, atomic_write_json, environment_record, load_run, read_json, read_log, resolve_device
@@ -315,7 +315,7 @@ CURVE_TERMS = tuple(t for t in TERM_NAMES if t not in ("topk", "mean1", "inv_tok
 def run_dirs(out: Path,          # the sweep's output directory
             ) -> list[RunDir]:  # its runs, sorted by key
     "The run directories of a sweep, by key (anything else under `runs/` is ignored)."
-    d = Path(out) / "runs"
+    d = SweepDir(out).runs
     return sorted((RunDir(p) for p in d.iterdir() if RunDir(p).is_run()), key=lambda rd: rd.path.name) if d.is_dir() else []
 
 def _save(fig, out: Path, name: str):
@@ -558,7 +558,7 @@ def write_figures(out: Path,  # the sweep's output directory (figures go to OUT/
 def write_base_gates(out: Path,  # the sweep's output directory
                     ) -> dict:  # each shared base's gate report, by directory name
     "`base_gates.json`: the quality gate of every shared base of the sweep (`bases/<task>-s<seed>/base_gate.json`), by directory name."
-    d = Path(out) / "bases"
+    d = SweepDir(out).bases
     gates = {p.name: read_json(p / "base_gate.json") for p in sorted(d.iterdir()) if (p / "base_gate.json").is_file()} if d.is_dir() else {}
     atomic_write_json(Path(out) / "base_gates.json", gates)
     return gates
@@ -572,7 +572,7 @@ def write_curves(out: Path,             # the sweep's output directory
     rows = []
     for r in records:
         clip, norms = r.get("grad_clip") or TrainConfig().grad_clip, []
-        for e in read_log(Path(out) / "runs" / r["key"] / "log.jsonl"):
+        for e in read_log(SweepDir(out).run(r["key"]).log):
             if e.get("split") == "train" and "grad_norm" in e: norms.append(e["grad_norm"])
             if e.get("split") != "eval": continue
             rows.append({"key": r["key"], "step": e["step"], "rate": e["kl"], "loss": e["loss"], "recon": e["recon"],
@@ -594,13 +594,13 @@ def write_reports(out: Path,            # the sweep's output directory
     # the gain per response position of every run (its list is no column of results.csv): per-run figures from the reference files alone
     atomic_write_bytes(out / "positions.csv", _csv_bytes([{"key": r["key"], "position": t + 1, "gain": g} for r in records for t, g in enumerate(r.get("gain_per_position") or [])],
                                                          ["key", "position", "gain"]))
-    atomic_write_json(out / "summary.json", {**summary, "runs": len(records), "environment": environment_record(0)})
+    atomic_write_json(SweepDir(out).summary, {**summary, "runs": len(records), "environment": environment_record(0)})
     write_figures(out)
 
 # %% ../nbs/12_reports.ipynb #f5b15308
 def _missing_message(out: Path, missing: list[str]) -> str:
     "The cells not finished, each with the job and log that last ran it (`jobs.json`), if any."
-    jobs = read_json(out / "jobs.json") if (out / "jobs.json").is_file() else {}
+    jobs = read_json(SweepDir(out).jobs) if SweepDir(out).jobs.is_file() else {}
     lines = [f"  {k}" + (f" (job {jobs[k]['job_id']}, log {jobs[k]['stderr']})" if k in jobs else "") for k in missing]
     return f"{len(missing)} cells missing:\n" + "\n".join(lines)
 
@@ -609,7 +609,7 @@ def _run_sweep(a, out: Path, cluster: ClusterConfig, jobs: int, group_size: int)
     "The finished records, the missing cells and the summary of what `repro_main` was asked to do (`--collect`, submitit or the pool)."
     if a.collect:
         records, missing = collect(out)
-        return records, missing, {"preset": read_json(out / "preset.json")["preset"]["name"], "collected": True}
+        return records, missing, {"preset": read_json(SweepDir(out).preset)["preset"]["name"], "collected": True}
     preset = PRESETS[a.preset]
     if cluster.executor == "submitit":
         report = submit_sweep(out, preset, cluster, device=a.device, force=a.force, group_size=group_size, compile=a.compile, progress=not a.quiet)
@@ -659,8 +659,8 @@ def repro_main(argv: list[str] | None = None,  # command-line arguments (None: t
     p.add_argument("--compile", action="store_true", help="compile each group's step with torch.compile (GPU; the first step pays the compile time)")
     add_dataclass_options(p, ClusterConfig, {"executor": EXECUTORS, "cluster": CLUSTERS}, "executor (where the cells run)")
     a = p.parse_args(argv)
-    if a.collect and a.preset is not None and a.out is not None and (Path(a.out) / "preset.json").is_file():
-        try: recorded = read_json(Path(a.out) / "preset.json").get("preset", {}).get("name")
+    if a.collect and a.preset is not None and a.out is not None and SweepDir(a.out).preset.is_file():
+        try: recorded = read_json(SweepDir(a.out).preset).get("preset", {}).get("name")
         except ValueError as e: p.error(str(e))
         if recorded != a.preset: p.error(f"--preset {a.preset}: the sweep in {a.out} was made with preset {recorded} (--collect reads it from preset.json; drop --preset)")
     a.preset = a.preset or "quick"
