@@ -186,6 +186,7 @@ class RunSpec:
     argv: tuple[str, ...]
     config: RunConfig
     shared_prefix: bool = False
+    bases_needed: int | None = None      # its preset's (or arm's) bases_needed: how many of its task's candidate bases the sweep uses
 
     def command(self, run_dir: str) -> str: return shlex.join(["basedirected-train", "--run-dir", run_dir, *self.argv])
 
@@ -248,7 +249,7 @@ def _grid(preset: Preset) -> list[RunSpec]:
                     tag = f"_a{alpha}_g{gamma}" if name == "theta" else ""
                     key = f"{regime}-{latent}-{posterior}-K{K}-{name}{tag}-{axis[0]}{w}{_options_tag(preset)}{'' if base is None else f'-base{base}'}-s{seed}"
                     specs.append(RunSpec(key, name, beta, tau, seed, regime, latent, alpha, gamma, posterior, K, tuple(argv),
-                                         resolve_config(task, name, changes, alpha, gamma, named), shared))
+                                         resolve_config(task, name, changes, alpha, gamma, named), shared, preset.bases_needed))
     return specs
 
 # %% ../nbs/11_experiments.ipynb #a859b64c
@@ -325,13 +326,14 @@ def select_bases(preset: Preset,       # the sweep (its gate policy and bases_ne
                  specs: list[RunSpec],  # its cells
                  gates: dict,           # (task, data seed) -> the gate of each base prepared so far
                 ) -> tuple[dict, list]:  # (task, data seed) -> True (its cells run), False (they do not) or None (not yet known); the bases to prepare next
-    "Which bases a sweep uses: every one whose gate passes (or `check_base_gate` refuses), or with `bases_needed` the first that many per task in `base_seeds` order; and the bases whose gates decide it next."
+    "Which bases a sweep uses: every one whose gate passes (or `check_base_gate` refuses), or with `bases_needed` (each cell's, from its arm) the first that many per task in `base_seeds` order; and the bases whose gates decide it next."
     first = {(s.regime, s.config.data_seed): s for s in specs}  # one cell per base, in plan order
-    by_task = {}
+    by_task, needed = {}, {}
     for key in first: by_task.setdefault(key[0], []).append(key)
+    for s in specs: needed[s.regime] = max(needed.get(s.regime) or 0, s.bases_needed or len(by_task[s.regime]))  # a task's largest requirement
     decision, wanted = {}, []
-    for keys in by_task.values():
-        n, chosen, pending = preset.bases_needed or len(keys), 0, 0
+    for task, keys in by_task.items():
+        n, chosen, pending = needed[task], 0, 0
         for key in keys:
             if chosen + pending >= n: decision[key] = False if chosen >= n else None; continue  # enough passed, or waiting on earlier ones
             if key not in gates: decision[key], pending = None, pending + 1; wanted.append(key); continue
