@@ -218,11 +218,17 @@ DEFAULT_RUN = {"cvae.posterior": "exact", "train.tau": 0.07, "train.steps": 700}
 def default_changes(task: Task,              # the run's task
                     overrides: dict,         # the changes asked for
                    ) -> dict[str, object]:   # DEFAULT_RUN's changes that `overrides` leaves open
-    "The demonstration's defaults: the exact posterior, one code per strategy, tau 0.07 unless a KL weight is given, a budget past sorting's measured settling (700 steps)."
+    "The demonstration's defaults: the exact posterior and one code per strategy (a discrete latent), tau 0.07 unless a KL weight is given (and the task knows its profiles), a budget past sorting's measured settling (700 steps)."
     out = {k: v for k, v in DEFAULT_RUN.items() if k not in overrides}
-    if "train.beta.beta" in overrides: out.pop("train.tau", None)  # a KL weight given as beta
-    if "cvae.K" not in overrides: out["cvae.K"] = len(task.strategies)
+    if "train.beta.beta" in overrides or not _knows_profiles(task): out.pop("train.tau", None)  # beta given, or no beta* to scale
+    if overrides.get("cvae.latent", "discrete") != "discrete": out.pop("cvae.posterior", None)  # a continuous latent is amortized
+    elif "cvae.K" not in overrides: out["cvae.K"] = len(task.strategies)
     return out
+
+def _knows_profiles(task: Task) -> bool:
+    "The task gives the ideal and oracle surprisal a break-even beta* needs (False too for a task that cannot draw an example: `check_task` names why)."
+    try: probe = task.generate(1, 0)[0]; return task.ideal_surprisal(probe) is not None and task.oracle_surprisal(probe) is not None
+    except Exception: return False
 
 def resolve_config(task: Task | str = DEFAULT_TASK,      # a task, or a registered name or module:Class (with `regime` and `task_fields`)
                    objective: str = "theta",              # the compared objective (OBJECTIVE_NAMES)

@@ -17,6 +17,8 @@ from typing import ClassVar
 
 import torch
 
+from .conventions import patch
+
 # %% auto #0
 __all__ = ['SPECIALS', 'Example', 'TaskCheck', 'wilson_interval', 'rate_record', 'prefix_surprisal', 'Task', 'task_from_dict',
            'task_class', 'make_task', 'Vocab', 'check_task', 'make_splits', 'epoch_permutation', 'batch_indices',
@@ -85,7 +87,7 @@ def prefix_surprisal(traces: list[tuple[str, ...]],  # the trace of each strateg
 
 # %% ../nbs/05_tasks.ipynb #b933305a
 class Task(ABC):
-    "A synthetic task with known latent strategies (subclass as a frozen dataclass; set `name`)."
+    "A synthetic task with known latent strategies (subclass as a frozen dataclass; set `name`): what a task of your own implements."
     name: ClassVar[str]
     registry: ClassVar[dict[str, type]] = {}
     strategies: tuple[str, ...]  # strategy names, indexed by s
@@ -105,38 +107,67 @@ class Task(ABC):
     @property
     @abstractmethod
     def tokens(self) -> tuple[str, ...]: "The task's own tokens: input and response symbols (layout specials excluded)."
-    def sample(self, rng: random.Random) -> Example:
-        "One example drawn with `rng`: the input (`sample_input`), then the strategy from $p(s|x)$, then its trace."
-        x = self.sample_input(rng)
-        s = rng.choices(range(len(self.strategies)), weights=self.strategy_prior(x))[0]
-        return Example(x, self.render(x, s, rng), s)
-    def sample_input(self, rng: random.Random):
+    @abstractmethod
+    def render(self, x,                               # an input, as `sample_input` draws it
+               strategy: int,                         # s: an index into `strategies`
+               rng: random.Random | None = None,      # draws any free tokens (None: a fixed choice)
+              ) -> tuple[str, ...]:                   # the response tokens, in the task's vocabulary
+        "The response strategy `strategy` writes on `x`."
+    @abstractmethod
+    def check(self, x,        # the input
+              y,              # any response, as tokens (a model's sample may be anything)
+             ) -> TaskCheck:  # whether y is some strategy's trace, which strategies write it, whether its answer is right
+        "Score any response `y` against input `x`."
+    def sample_input(self, rng: random.Random,  # the example's random source
+                    ):                          # an input x
         "An input $x$ drawn with `rng`; a task either defines this (and inherits `sample`) or overrides `sample`."
         raise NotImplementedError(f"{type(self).__name__} defines neither sample_input nor sample")
-    @abstractmethod
-    def render(self, x, strategy: int, rng: random.Random | None = None) -> tuple[str, ...]:
-        "The response strategy `strategy` writes on `x` (`rng` draws any free tokens; None: a fixed choice)."
-    @abstractmethod
-    def check(self, x, y) -> TaskCheck: "Score any response `y` against input `x`."
 
-    def strategy_prior(self, x) -> list[float]:
-        "$p(s|x)$; uniform unless a task says otherwise."
-        return [1.0 / len(self.strategies)] * len(self.strategies)
-    def answer(self, x) -> str | None:
-        "The final answer every valid trace on `x` reaches (exported with the data); None if the task has none."
-        return None
-    def ideal_surprisal(self, example: Example) -> list[float] | None:
-        "Surprisal of each token of `example.y` under the true z-free $p(y|x)$ (`</y>` costs 0); None where not computable."
-        return prefix_surprisal([self.render(example.x, s) for s in range(len(self.strategies))], self.strategy_prior(example.x),
-                                example.y) if self.deterministic else None
-    def oracle_surprisal(self, example: Example) -> list[float] | None:
-        "The same under $p(y|x,s)$ with the true strategy known ($z = s$); None where not computable."
-        return [0.0] * len(example.y) if self.deterministic else None
-    def generate(self, n: int, seed: int) -> list[Example]:
-        "`n` seeded examples."
-        rng = random.Random(seed)
-        return [self.sample(rng) for _ in range(n)]
-    def to_dict(self) -> dict: return {"name": self.name, **asdict(self)}
+# %% ../nbs/05_tasks.ipynb #4a020eba
+@patch
+def sample(self: Task, rng: random.Random,  # the example's random source
+          ) -> Example:                     # (x, y, s)
+    "One example drawn with `rng`: the input (`sample_input`), then the strategy from $p(s|x)$, then its trace."
+    x = self.sample_input(rng)
+    s = rng.choices(range(len(self.strategies)), weights=self.strategy_prior(x))[0]
+    return Example(x, self.render(x, s, rng), s)
+
+@patch
+def strategy_prior(self: Task, x,    # the input
+                  ) -> list[float]:  # p(s|x), one probability per strategy
+    "$p(s|x)$; uniform unless a task says otherwise."
+    return [1.0 / len(self.strategies)] * len(self.strategies)
+
+@patch
+def answer(self: Task, x,     # the input
+          ) -> str | None:    # the answer token(s), or None
+    "The final answer every valid trace on `x` reaches (exported with the data); None if the task has none."
+    return None
+
+# %% ../nbs/05_tasks.ipynb #011735ab
+@patch
+def ideal_surprisal(self: Task, example: Example,  # a (x, y, s) triple
+                   ) -> list[float] | None:        # one value per token of y, or None where not computable
+    "Surprisal of each token of `example.y` under the true z-free $p(y|x)$ (`</y>` costs 0); None where not computable."
+    return prefix_surprisal([self.render(example.x, s) for s in range(len(self.strategies))], self.strategy_prior(example.x),
+                            example.y) if self.deterministic else None
+
+@patch
+def oracle_surprisal(self: Task, example: Example,  # a (x, y, s) triple
+                    ) -> list[float] | None:        # one value per token of y, or None where not computable
+    "The same under $p(y|x,s)$ with the true strategy known ($z = s$); None where not computable."
+    return [0.0] * len(example.y) if self.deterministic else None
+
+@patch
+def generate(self: Task, n: int,  # examples
+             seed: int,           # seeds their draws
+            ) -> list[Example]:
+    "`n` seeded examples."
+    rng = random.Random(seed)
+    return [self.sample(rng) for _ in range(n)]
+
+@patch
+def to_dict(self: Task) -> dict: return {"name": self.name, **asdict(self)}
 
 # %% ../nbs/05_tasks.ipynb #224644e7
 def _canonical(cls: type) -> type:
