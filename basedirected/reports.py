@@ -5,28 +5,20 @@
 # %% ../nbs/12_reports.ipynb #cbbc415f
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import math
-import os
-import re
 import statistics
-import textwrap
-import time
 from pathlib import Path
 
 import torch
 
 from .base import SurprisalCache
 from .cvae import CVAEConfig
-from .cli import OneLineParser, add_dataclass_options, dataclass_from_args
-from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, submit_sweep
 from .comparisons import across_base_interval, sign_flip_pvalue, variance_components, within_base_interval
-from .experiments import PRESETS, SweepDir, execute
-from .train import NonFiniteError
+from .experiments import SweepDir
 from .reconstruction import TERM_NAMES
-from .runs import TrainConfig, RunDir, atomic_write_bytes, atomic_write_json, environment_record, load_run, read_json, read_log, resolve_device
+from .runs import TrainConfig, RunDir, atomic_write_bytes, atomic_write_json, environment_record, load_run, read_json, read_log
 from .weights import reference_weights
 
 # %% auto #0
@@ -35,7 +27,7 @@ __all__ = ['TABLE_METRICS', 'GROUP_BY', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'PAIR
            'paired_difference', 'paired_statistics', 'success_counts', 'base_contrasts', 'metric_components',
            'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse', 'figure_alignment', 'figure_escape',
            'figure_curves', 'figure_gain_per_position', 'figure_weights', 'figure_paired', 'write_figures',
-           'write_base_gates', 'write_curves', 'write_reports', 'reference_minutes', 'preset_help', 'repro_main']
+           'write_base_gates', 'write_curves', 'write_reports']
 
 # %% ../nbs/12_reports.ipynb #ca5567ef
 _ALIGNMENTS = tuple(f"{pre}{a}_{t}{s}" for pre, t in (("", "posterior"), ("gen_", "controlled"), ("gen_", "controlled_all"))
@@ -596,107 +588,3 @@ def write_reports(out: Path,            # the sweep's output directory
                                                          ["key", "position", "gain"]))
     atomic_write_json(SweepDir(out).summary, {**summary, "runs": len(records), "environment": environment_record(0)})
     write_figures(out)
-
-# %% ../nbs/12_reports.ipynb #f5b15308
-def _missing_message(out: Path, missing: list[str]) -> str:
-    "The cells not finished, each with the job and log that last ran it (`jobs.json`), if any."
-    jobs = read_json(SweepDir(out).jobs) if SweepDir(out).jobs.is_file() else {}
-    lines = [f"  {k}" + (f" (job {jobs[k]['job_id']}, log {jobs[k]['stderr']})" if k in jobs else "") for k in missing]
-    return f"{len(missing)} cells missing:\n" + "\n".join(lines)
-
-# %% ../nbs/12_reports.ipynb #d7324ad5
-def _run_sweep(a, out: Path, cluster: ClusterConfig, jobs: int, group_size: int) -> tuple[list[dict], list[str], dict | None]:
-    "The finished records, the missing cells and the summary of what `repro_main` was asked to do (`--collect`, submitit or the pool)."
-    if a.collect:
-        records, missing = collect(out)
-        return records, missing, {"preset": read_json(SweepDir(out).preset)["preset"]["name"], "collected": True}
-    preset = PRESETS[a.preset]
-    if cluster.executor == "submitit":
-        report = submit_sweep(out, preset, cluster, device=a.device, force=a.force, group_size=group_size, compile=a.compile, progress=not a.quiet)
-        if cluster.no_wait: return [], report["missing"], None
-        records, missing = collect(out, preset)
-        return records, missing, {"preset": a.preset, "executor": "submitit", "cluster": report["cluster"], "jobs_submitted": report["submitted"],
-                                  "jobs_failed": len(report["failed"]), "group_size": group_size, "compiled": a.compile}
-    records = execute(out, preset, jobs=jobs, device=a.device, force=a.force, progress=not a.quiet, group_size=group_size, compile=a.compile)
-    return records, [], {"preset": a.preset, "executor": "pool", "jobs": jobs, "group_size": group_size, "compiled": a.compile}
-
-# %% ../nbs/12_reports.ipynb #b7584c66
-def reference_minutes(preset: str,  # a preset's name
-                     ) -> float | None:  # None where no reference run is logged (an installed package has none)
-    "Minutes of the preset's logged reference run (`reference/<preset>/sweep.log` of a source checkout): each invocation's shell time, or its progress bar's where it was stopped."
-    import basedirected
-    log = Path(basedirected.__file__).resolve().parents[1] / "reference" / preset / "sweep.log"
-    if not log.is_file(): return None
-    text = log.read_text()
-    real = sum(int(m) + float(s) / 60 for m, s in re.findall(r"^real\s+(\d+)m([\d.]+)s", text, re.M))
-    stopped = sum(int(m) + int(s) / 60 for m, s in re.findall(r"stopped after \d+ cells at (\d+):(\d+)", text))
-    return real + stopped or None
-
-def preset_help(name: str,  # a preset's name
-               ) -> str:
-    "One line of `basedirected-repro --help`: the preset's description and the time of its logged reference run."
-    m = reference_minutes(name)
-    return f"{name}: {PRESETS[name].about}" + (f" (reference run {m:.1f} min on a 2-core CPU)" if m else "")
-
-# %% ../nbs/12_reports.ipynb #c1874c3d
-def repro_main(argv: list[str] | None = None,  # command-line arguments (None: the process's own)
-              ) -> int:                       # exit status: 1 when cells are missing, else 0
-    "Console entry point `basedirected-repro`."
-    p = OneLineParser(prog="basedirected-repro", formatter_class=argparse.RawDescriptionHelpFormatter,
-                      description=textwrap.fill("Reproduce the synthetic-sequence experiments: base pre-training, c_theta, every objective "
-                                                "of the preset, metrics, tables and figures.", 100),
-                      epilog="presets:\n" + "\n".join(textwrap.fill(preset_help(n), 100, initial_indent="  ", subsequent_indent="      ") for n in PRESETS))
-    p.add_argument("--preset", choices=tuple(PRESETS), default=None, help="the sweep to run, one of the presets listed below (default: quick)")
-    p.add_argument("--out", default=None, help="output directory (default runs/repro-<preset>)")
-    p.add_argument("--collect", action="store_true", help="train nothing: build the tables and figures of the sweep in --out from the cells "
-                   "that have finished (its preset is read from OUT/preset.json), and name the cells that are missing")
-    p.add_argument("--jobs", type=int, default=None, help="--executor pool: parallel worker processes, one run each (default: one per CPU core, at most 8)")
-    p.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
-    p.add_argument("--force", action="store_true", help="rerun finished runs instead of skipping them")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--group-size", default="auto", help="runs trained together in one process (stacked weights, one vmapped step): "
-                   "'auto' is 64 on a GPU and 1 on a CPU, where a group is no faster than its runs one by one")
-    p.add_argument("--compile", action="store_true", help="compile each group's step with torch.compile (GPU; the first step pays the compile time)")
-    add_dataclass_options(p, ClusterConfig, {"executor": EXECUTORS, "cluster": CLUSTERS}, "executor (where the cells run)")
-    a = p.parse_args(argv)
-    if a.collect and a.preset is not None and a.out is not None and SweepDir(a.out).preset.is_file():
-        try: recorded = read_json(SweepDir(a.out).preset).get("preset", {}).get("name")
-        except ValueError as e: p.error(str(e))
-        if recorded != a.preset: p.error(f"--preset {a.preset}: the sweep in {a.out} was made with preset {recorded} (--collect reads it from preset.json; drop --preset)")
-    a.preset = a.preset or "quick"
-    if a.out is not None and not a.out.strip(): p.error("--out must name a directory, got an empty string")
-    try: cluster = dataclass_from_args(ClusterConfig, a)
-    except ValueError as e: p.error(str(e))
-    if a.jobs is not None and (a.jobs < 1 or cluster.executor != "pool"):
-        p.error(f"--jobs must be >= 1, got {a.jobs}" if a.jobs < 1 else "--jobs is an option of --executor pool (submitit runs one job per pack)")
-    jobs = a.jobs or min(os.cpu_count() or 1, 8)
-    try: device = resolve_device(a.device)
-    except ValueError as e: p.error(str(e))
-    on_gpu = device.type == "cuda" if cluster.executor == "pool" else cluster.gpus_per_job > 0  # submitit: the jobs' device, not this machine's
-    if a.group_size == "auto": group_size = 64 if on_gpu else 1
-    elif a.group_size.isdigit() and int(a.group_size) >= 1: group_size = int(a.group_size)
-    else: p.error(f"--group-size must be 'auto' or an integer >= 1, got {a.group_size!r}")
-    if a.collect and a.out is None: p.error("--collect needs --out, the sweep's directory")
-    out = Path(a.out or f"runs/repro-{a.preset}")
-    if out.exists() and not out.is_dir(): p.error(f"--out {out} is a file, not a directory")
-    if not a.collect:  # a directory the sweep can write, or one line saying why not, before any work
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            probe = out / f".write-test{os.getpid()}"; probe.write_bytes(b""); probe.unlink()
-        except OSError as e: p.error(f"--out {out}: {e.strerror or e}")
-    t0 = time.perf_counter()
-    try: records, missing, summary = _run_sweep(a, out, cluster, jobs, group_size)
-    except (ValueError, OSError, NonFiniteError, ClusterError) as e:  # a damaged file, a base the gate refuses, a full disk: named in one line
-        p.exit(2, f"basedirected-repro: error: {e}\n")
-    except KeyboardInterrupt:  # every finished cell is on disk, every other resumes from its last checkpoint
-        p.exit(130, f"basedirected-repro: interrupted; finished cells are kept and a rerun of the same command resumes the others\n")
-    if summary is None: return 0  # submitted without waiting
-    wall = time.perf_counter() - t0
-    if records: write_reports(out, records, {**summary, "wall_seconds": wall, "missing": missing})
-    else: print(f"no cell of the sweep in {out} has finished yet")
-    if records: print((out / "table.md").read_text())
-    env = environment_record(0)
-    print(f"{len(records)} runs in {wall:.0f} s on {env['cpu_count']} CPU cores{' + ' + env['cuda'] if env['cuda'] else ''}; "
-          f"tables, figures and per-run logs in {out}/")
-    if missing: print(_missing_message(out, missing))
-    return 1 if missing else 0

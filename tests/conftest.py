@@ -25,7 +25,7 @@ def _own_thread_count():
 @pytest.fixture(scope="session")
 def smoke_dir(tmp_path_factory):
     "The smoke preset's sweep, run once in one process (bit-identical to a CLI run); the sweep and cluster tests read it."
-    from basedirected.reports import repro_main
+    from basedirected.repro import repro_main
     out = tmp_path_factory.mktemp("smoke")
     repro_main(["--preset", "smoke", "--out", str(out), "--quiet", "--jobs", "1"])
     return out

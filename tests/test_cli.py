@@ -14,7 +14,7 @@ import torch
 from basedirected.cli import build_parser, option_help, OPTIONS, train_main
 from basedirected.cluster import ClusterConfig, preset_from_record
 from basedirected.experiments import PRESETS, plan
-from basedirected.reports import repro_main
+from basedirected.repro import repro_main
 from basedirected.runs import RunConfig, RunDir, read_json
 from basedirected.tasks import task_class
 
@@ -176,7 +176,7 @@ def test_the_objective_refuses_a_negative_kl():
 
 
 def test_every_value_option_says_its_default():
-    from basedirected.reports import repro_main  # noqa: F401  (its parser is built inside repro_main)
+    from basedirected.repro import repro_main  # noqa: F401  (its parser is built inside repro_main)
     p = build_parser()
     for a in p._actions:
         if a.option_strings and a.nargs != 0 and a.dest != "help":

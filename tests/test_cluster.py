@@ -18,7 +18,7 @@ submitit = pytest.importorskip("submitit")
 
 from basedirected.cluster import ClusterConfig, PackJob, collect, make_executor, submit_sweep
 from basedirected.experiments import PRESETS, execute, plan
-from basedirected.reports import repro_main
+from basedirected.repro import repro_main
 from basedirected.runs import RunDir, read_json, read_log
 
 LOCAL = ClusterConfig(executor="submitit", cluster="local", poll_s=0.5)

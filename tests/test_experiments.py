@@ -11,7 +11,8 @@ import pytest
 
 from basedirected.experiments import PRESETS, execute, plan, run_cell
 from basedirected.objective import objectives
-from basedirected.reports import aggregate, markdown_table, repro_main, write_figures
+from basedirected.reports import aggregate, markdown_table, write_figures
+from basedirected.repro import repro_main
 from basedirected.runs import RunDir, load_run, read_log
 from basedirected.cli import build_parser, config_from_args, train_main
 
@@ -105,7 +106,7 @@ def test_aggregate_and_markdown():
 
 
 def test_repro_cli_rejects_bad_options():
-    p = subprocess.run([sys.executable, "-c", "from basedirected.reports import repro_main; repro_main()", "--jobs", "0"],
+    p = subprocess.run([sys.executable, "-c", "from basedirected.repro import repro_main; repro_main()", "--jobs", "0"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "--jobs must be >= 1" in p.stderr
 

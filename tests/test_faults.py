@@ -217,7 +217,7 @@ def test_the_api_warns_when_it_adapts_from_a_base_that_fails_the_gate(tmp_path):
 
 
 def test_repro_refuses_an_out_below_a_file_in_one_line(tmp_path, capsys):
-    from basedirected.reports import repro_main
+    from basedirected.repro import repro_main
     (tmp_path / "f").write_text("x")
     with pytest.raises(SystemExit) as e: repro_main(["--preset", "smoke", "--out", str(tmp_path / "f" / "sweep"), "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()
@@ -378,7 +378,7 @@ def _processes_in_group(pgid):
 def test_a_sweep_killed_with_kill_9_leaves_no_process_of_its_own_alive(tmp_path):
     "Its pool workers watch their parent (die_with_parent); the resource tracker exits when its last client does."
     out = tmp_path / "sweep"
-    sweep = subprocess.Popen([sys.executable, "-c", "from basedirected.reports import repro_main; repro_main()", "--preset", "smoke",
+    sweep = subprocess.Popen([sys.executable, "-c", "from basedirected.repro import repro_main; repro_main()", "--preset", "smoke",
                               "--out", str(out), "--jobs", "2", "--quiet"], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     t0 = time.time()
     while time.time() - t0 < 120 and not list((out / "runs").glob("*/config.json")): time.sleep(0.2)  # workers are training cells
@@ -438,7 +438,7 @@ def test_repro_force_removes_only_what_the_package_wrote(tmp_path):
 def test_a_sweeps_damaged_files_are_named_in_one_line(smoke_dir, tmp_path, capsys, path, damage, message):
     import shutil
     from basedirected.experiments import PRESETS, plan
-    from basedirected.reports import repro_main
+    from basedirected.repro import repro_main
     out = tmp_path / "sweep"; shutil.copytree(smoke_dir, out)
     damage(out / path.format(key=plan(PRESETS["smoke"])[0].key))
     with pytest.raises(SystemExit) as e: repro_main(["--preset", "smoke", "--out", str(out), "--quiet", "--jobs", "1"])
@@ -704,7 +704,7 @@ def _cell_command(out, key):
 def test_rerunning_a_finished_cells_command_keeps_the_sweeps_record(smoke_dir, tmp_path, capsys):
     import shutil
     from basedirected.experiments import PRESETS, plan
-    from basedirected.reports import repro_main
+    from basedirected.repro import repro_main
     out = tmp_path / "sweep"; shutil.copytree(smoke_dir, out)
     key = plan(PRESETS["smoke"])[0].key
     rd = RunDir(out / "runs" / key)
@@ -717,7 +717,7 @@ def test_rerunning_a_finished_cells_command_keeps_the_sweeps_record(smoke_dir, t
 def test_a_cell_record_another_writer_left_is_rewritten_by_the_sweep_and_collect_never_tracebacks(smoke_dir, tmp_path, capsys):
     import shutil
     from basedirected.experiments import PRESETS, plan
-    from basedirected.reports import repro_main
+    from basedirected.repro import repro_main
     out = tmp_path / "sweep"; shutil.copytree(smoke_dir, out)
     key = plan(PRESETS["smoke"])[0].key
     rd = RunDir(out / "runs" / key)
@@ -760,7 +760,7 @@ def _exit_code(f):
 
 def test_ctrl_c_in_a_sweep_is_one_line(tmp_path):
     out = tmp_path / "sweep"
-    p = subprocess.Popen([sys.executable, "-c", "import sys; from basedirected.reports import repro_main; sys.exit(repro_main(sys.argv[1:]))",
+    p = subprocess.Popen([sys.executable, "-c", "import sys; from basedirected.repro import repro_main; sys.exit(repro_main(sys.argv[1:]))",
                           "--preset", "smoke", "--out", str(out), "--quiet", "--jobs", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_until(lambda: (out / "preset.json").exists(), p)
     time.sleep(0.5)

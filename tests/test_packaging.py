@@ -225,7 +225,7 @@ def test_the_torch_floor_has_what_the_package_uses():
 
 
 def _reference_minutes(preset):
-    from basedirected.reports import reference_minutes
+    from basedirected.repro import reference_minutes
     return reference_minutes(preset)
 
 
@@ -266,6 +266,6 @@ def test_the_readmes_gpu_estimate_is_the_packages():
 
 
 def test_the_repro_help_states_each_presets_reference_time():
-    from basedirected.reports import preset_help
+    from basedirected.repro import preset_help
     for preset in ("quick", "study", "followup", "addition"):
         assert f"reference run {_reference_minutes(preset):.1f} min" in preset_help(preset)
