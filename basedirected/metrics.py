@@ -20,7 +20,7 @@ from .cvae import DiscreteCVAE, posterior_forward
 from .objective import ReconstructionLossConfig, loss_token_weights
 from .distributions import gaussian_log_density
 from .model import collate
-from .tasks import Example, Task, TaskCheck, rate_record
+from .tasks import Example, Task, TaskCheck, break_even_beta, rate_record  # noqa: F401 (break_even_beta: its readers' name)
 
 # %% auto #0
 __all__ = ['ALIGNMENT_RULES', 'NULL_SAMPLES', 'SETTLE_WINDOW', 'SETTLE_TOLERANCE', 'entropy', 'latent_information',
@@ -28,8 +28,8 @@ __all__ = ['ALIGNMENT_RULES', 'NULL_SAMPLES', 'SETTLE_WINDOW', 'SETTLE_TOLERANCE
            'linear_probe_accuracy', 'rate_distortion', 'information_gain', 'code_semantics', 'matched_records',
            'alignment_score', 'alignment_one_to_one', 'alignment_many_to_one', 'contingency_tables',
            'permutation_tables', 'alignment_null', 'alignment_record', 'posterior_meaning', 'mean_record',
-           'generation_scores', 'departure', 'validity_by_code', 'MetricsConfig', 'generation_metrics',
-           'within_input_strategy_information', 'marginal_nll', 'break_even_beta', 'settling', 'evaluate_model']
+           'generation_scores', 'departure', 'validity_by_code', 'generation_metrics',
+           'within_input_strategy_information', 'marginal_nll', 'settling', 'evaluate_model']
 
 # %% ../nbs/08_metrics.ipynb #20e5e798
 def entropy(p: torch.Tensor,   # probabilities, summing to 1 along `dim`
@@ -410,18 +410,6 @@ def validity_by_code(forced: list[list[TaskCheck]],         # forced[k][i]: the 
     m["forced_invalid_tokens_mean"] = float(np.mean([n for ds in departures for n, _ in ds])) if shares else float("nan")
     return m
 
-# %% ../nbs/08_metrics.ipynb #b552c438
-@dataclass(frozen=True)
-class MetricsConfig:
-    "How many responses the held-out generation metrics sample: part of a run's configuration, since they change its figures."
-    n_routed: int = 256   # responses sampled through the router r(z|x) for the answer and valid rates (cycling over held-out inputs)
-    n_forced: int = 64    # held-out inputs generated under each forced code: n_forced x K generations in the controlled table
-
-    def __post_init__(self):
-        for name in ("n_routed", "n_forced"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1: raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-
 # %% ../nbs/08_metrics.ipynb #4560ec23
 @torch.no_grad()
 def generation_metrics(model: DiscreteCVAE,        # a trained discrete CVAE
@@ -502,29 +490,6 @@ def marginal_nll(model: nn.Module,         # a CVAE (discrete: exact marginal; c
             terms.append((gaussian_log_density(z, mu_r, lv_r) - (nll * m).sum(-1) - gaussian_log_density(z, mu_q, lv_q)).cpu())
         marg = -(torch.logsumexp(torch.stack(terms), 0) - math.log(n_importance))
     return {"marginal_nll": marg.sum().item() / tokens, "base_nll": (b * mask).sum().item() / tokens}
-
-# %% ../nbs/08_metrics.ipynb #1a68b937
-def break_even_beta(task: Task,                       # a task with ideal and oracle surprisal profiles
-                    examples: list[Example],          # held-out examples
-                    cache: SurprisalCache,            # their b_t (the objective's weights are computed from it)
-                    c_ref: float,                     # reference scale c_theta
-                    loss: ReconstructionLossConfig,   # the objective's stack
-                   ) -> dict[str, float]:             # beta_star and the quantities it is made of; {} without profiles
-    "$\\beta^\\star = \\mathbb E[\\sum_t W_t\\Delta_t]/\\mathbb E[\\sum_t \\Delta_t]$, the KL weight below which using $z$ lowers the objective."
-    b, mask = cache.lookup(torch.arange(len(examples)))
-    delta = torch.zeros_like(b)
-    for i, e in enumerate(examples):
-        ideal, oracle = task.ideal_surprisal(e), task.oracle_surprisal(e)
-        if ideal is None or oracle is None: return {}
-        delta[i, :len(ideal)] = torch.tensor(ideal) - torch.tensor(oracle)  # </y> is certain in both
-    W = loss_token_weights(b, mask, c_ref, loss).float()
-    gain, rate, T = (W * delta).sum(-1), delta.sum(-1), mask.sum(-1).float()
-    reveal = delta > 1e-9
-    has = reveal.any(-1)
-    share = ((W * reveal).sum(-1) / W.sum(-1))[has] / (reveal.sum(-1) / T)[has]
-    return {"beta_star": gain.mean().item() / rate.mean().item(), "strategy_nats": rate.mean().item(),
-            "objective_gain": gain.mean().item(), "reveal_weight": share.mean().item() if bool(has.any()) else float("nan"),
-            "T_y_mean": T.mean().item(), "T_y_min": T.min().item(), "T_y_max": T.max().item(), "inv_T_y_mean": (1 / T).mean().item()}
 
 # %% ../nbs/08_metrics.ipynb #527e365b
 SETTLE_WINDOW = 0.2        # the last fifth of a run's steps

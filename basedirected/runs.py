@@ -29,25 +29,24 @@ from .base import (GATE, GATE_SAMPLES_PER_INPUT, BaseTrainConfig, FrozenReferenc
                                base_training_examples, estimate_model_reference_scale, pretrain_base)
 from .conventions import check_nonnegative, check_positive, check_unit_interval
 from .cvae import CVAEConfig, build_cvae
-from .metrics import MetricsConfig, break_even_beta
 from .model import EncodedExamples, ModelConfig, TinyCausalLM, layout_tokens
 from .objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig, objectives
 from .surprisal import ReferenceScale, estimate_reference_scale
-from .tasks import Example, Task, Vocab, check_task, make_splits, make_task, task_class, task_from_dict
+from .tasks import Example, Task, Vocab, break_even_beta, check_task, make_splits, make_task, task_class, task_from_dict
 from .visiting_order import VisitingOrder
 # every built-in task registers when its module is imported: a run of any of them loads in a process that imported only this module
 import basedirected.addition, basedirected.grid_pathfinding, basedirected.sorting  # noqa: F401
 
 # %% auto #0
 __all__ = ['LR_SCHEDULES', 'MAX_KL_WEIGHT', 'DEFAULT_TASK', 'DEFAULT_RUN', 'ADAPT_MODES', 'OPTIMIZERS', 'TrainConfig',
-           'RunConfig', 'rename_fields', 'apply_overrides', 'recipe_overrides', 'objective_training', 'default_changes',
-           'resolve_config', 'AdaptConfig', 'HFRunConfig', 'RunDir', 'atomic_write_bytes', 'atomic_write_json',
-           'atomic_torch_save', 'load_checkpoint', 'read_json', 'trained_state', 'load_trained_state', 'file_lock',
-           'exclusive_run_dir', 'remove_temporaries', 'read_log', 'truncate_log', 'environment_record',
-           'resolve_device', 'run_vocab', 'distributed_setup', 'barrier', 'gather_floats', 'shard_indices', 'load_base',
-           'prepare_base', 'prepare_reference_scale', 'prepare_gate', 'Run', 'read_reference_scale', 'write_run_record',
-           'write_command', 'check_writable', 'check_run_dir', 'RunInputError', 'check_sequence_lengths', 'prepare_run',
-           'load_run']
+           'MetricsConfig', 'RunConfig', 'rename_fields', 'apply_overrides', 'recipe_overrides', 'objective_training',
+           'default_changes', 'resolve_config', 'AdaptConfig', 'HFRunConfig', 'RunDir', 'atomic_write_bytes',
+           'atomic_write_json', 'atomic_torch_save', 'load_checkpoint', 'read_json', 'trained_state',
+           'load_trained_state', 'file_lock', 'exclusive_run_dir', 'remove_temporaries', 'read_log', 'truncate_log',
+           'environment_record', 'resolve_device', 'run_vocab', 'distributed_setup', 'barrier', 'gather_floats',
+           'shard_indices', 'load_base', 'prepare_base', 'prepare_reference_scale', 'prepare_gate', 'Run',
+           'read_reference_scale', 'write_run_record', 'write_command', 'check_writable', 'check_run_dir',
+           'RunInputError', 'check_sequence_lengths', 'prepare_run', 'load_run']
 
 # %% ../nbs/09_runs.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
@@ -113,6 +112,18 @@ class TrainConfig:
         if self.tau is None: return float(self.beta(step)) * (c_ref if self.beta_times_c_ref else 1.0)
         if beta_star is None: raise ValueError("tau needs the objective's break-even beta_star")
         return float(dataclasses.replace(self.beta, beta=self.tau * beta_star)(step))  # tau is relative to the loss's own beta*: no c_ref factor
+
+# %% ../nbs/09_runs.ipynb #b552c438
+@dataclass(frozen=True)
+class MetricsConfig:
+    "How many responses the held-out generation metrics sample: part of a run's configuration, since they change its figures."
+    n_routed: int = 256   # responses sampled through the router r(z|x) for the answer and valid rates (cycling over held-out inputs)
+    n_forced: int = 64    # held-out inputs generated under each forced code: n_forced x K generations in the controlled table
+
+    def __post_init__(self):
+        for name in ("n_routed", "n_forced"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1: raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
 
 # %% ../nbs/09_runs.ipynb #9b8ef842
 @dataclass(frozen=True)

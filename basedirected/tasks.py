@@ -18,11 +18,12 @@ from typing import ClassVar
 import torch
 
 from .conventions import patch
+from .objective import ReconstructionLossConfig, loss_token_weights
 
 # %% auto #0
 __all__ = ['SPECIALS', 'Example', 'TaskCheck', 'wilson_interval', 'rate_record', 'prefix_surprisal', 'Task', 'task_from_dict',
            'task_class', 'make_task', 'Vocab', 'check_task', 'make_splits', 'epoch_permutation', 'batch_indices',
-           'example_record', 'export_jsonl']
+           'example_record', 'export_jsonl', 'break_even_beta']
 
 # %% ../nbs/05_tasks.ipynb #c7a84b6f
 @dataclass(frozen=True)
@@ -314,3 +315,26 @@ def export_jsonl(task: Task, examples: list[Example], path) -> None:
     try:
         tmp.write_text("".join(json.dumps(example_record(task, e)) + "\n" for e in examples)); os.replace(tmp, path)
     finally: tmp.unlink(missing_ok=True)
+
+# %% ../nbs/05_tasks.ipynb #1a68b937
+def break_even_beta(task: Task,                       # a task with ideal and oracle surprisal profiles
+                    examples: list[Example],          # held-out examples
+                    cache,                            # their b_t: `lookup(indices) -> (b, mask)` (a SurprisalCache)
+                    c_ref: float,                     # reference scale c_theta
+                    loss: ReconstructionLossConfig,   # the objective's stack
+                   ) -> dict[str, float]:             # beta_star and the quantities it is made of; {} without profiles
+    "$\\beta^\\star = \\mathbb E[\\sum_t W_t\\Delta_t]/\\mathbb E[\\sum_t \\Delta_t]$, the KL weight below which using $z$ lowers the objective."
+    b, mask = cache.lookup(torch.arange(len(examples)))
+    delta = torch.zeros_like(b)
+    for i, e in enumerate(examples):
+        ideal, oracle = task.ideal_surprisal(e), task.oracle_surprisal(e)
+        if ideal is None or oracle is None: return {}
+        delta[i, :len(ideal)] = torch.tensor(ideal) - torch.tensor(oracle)  # </y> is certain in both
+    W = loss_token_weights(b, mask, c_ref, loss).float()
+    gain, rate, T = (W * delta).sum(-1), delta.sum(-1), mask.sum(-1).float()
+    reveal = delta > 1e-9
+    has = reveal.any(-1)
+    share = ((W * reveal).sum(-1) / W.sum(-1))[has] / (reveal.sum(-1) / T)[has]
+    return {"beta_star": gain.mean().item() / rate.mean().item(), "strategy_nats": rate.mean().item(),
+            "objective_gain": gain.mean().item(), "reveal_weight": share.mean().item() if bool(has.any()) else float("nan"),
+            "T_y_mean": T.mean().item(), "T_y_min": T.min().item(), "T_y_max": T.max().item(), "inv_T_y_mean": (1 / T).mean().item()}

@@ -22,8 +22,9 @@ import torch.nn as nn
 from .base import gate_failures
 from .conventions import trusted_values
 from .cvae import objective_terms, posterior_forward
-from .metrics import break_even_beta, evaluate_model, posterior_meaning, settling
+from .metrics import evaluate_model, posterior_meaning, settling
 from .objective import loss_reference_weights
+from .tasks import break_even_beta
 from .runs import (Run, RunConfig, TrainConfig, atomic_torch_save, atomic_write_json, barrier, exclusive_run_dir, gather_floats, load_checkpoint,
                                load_trained_state, prepare_run, read_json, read_log, shard_indices, trained_state, truncate_log)
 from .tasks import batch_indices
