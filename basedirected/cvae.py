@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .conventions import patch
 from .distributions import categorical_kl, gaussian_kl
 from .model import Batch, CausalLM, Rows, as_rows, gather_response, layout_tokens
 from .objective import ReconstructionLossConfig, free_bits_kl, loss_token_weights, objective
@@ -28,6 +29,7 @@ __all__ = ['POSTERIORS', 'ROUTERS', 'CVAEConfig', 'CVAEOutput', 'pooled_hidden',
 POSTERIORS = ("amortized", "exact", "exact+distill")
 ROUTERS = ("input", "marginal")  # r(z|x), or one r(z) for every input
 
+# %% ../nbs/07_cvae.ipynb #49dd4889
 @dataclass(frozen=True)
 class CVAEConfig:
     "Latent type and size."
@@ -123,31 +125,34 @@ class DiscreteCVAE(nn.Module):
             noise = torch.randn(config.K, null.shape[0], generator=torch.Generator().manual_seed(seed))
             emb[self.code_ids] = null + config.code_init_noise * null.norm() / null.shape[0] ** 0.5 * noise.to(emb)
 
-    def posterior_logits(self, examples: list[Example] | Rows) -> torch.Tensor:
-        "Logits of $q_\\xi(z|x,y)$, `(B, K)`."
-        return self.posterior_head(pooled_hidden(self.posterior, as_rows(self.vocab, examples, _device(self)).base))
+# %% ../nbs/07_cvae.ipynb #b4de032d
+@patch
+def posterior_logits(self: DiscreteCVAE, examples: list[Example] | Rows) -> torch.Tensor:
+    "Logits of $q_\\xi(z|x,y)$, `(B, K)`."
+    return self.posterior_head(pooled_hidden(self.posterior, as_rows(self.vocab, examples, _device(self)).base))
 
-    def forward(self, examples: list[Example] | Rows) -> CVAEOutput:
-        "Exact posterior expectation over the K codes, the router and the KL."
-        rows = as_rows(self.vocab, examples, _device(self))
-        B, K = len(rows), self.config.K
-        if self.shared_prefix and getattr(self.generator, "supports_packed_codes", False):
-            per_code, mask, r_logits = shared_prefix_code_losses(self.generator, rows, self.code_ids)
-        else:
-            gen = rows.with_codes(self.code_ids)
-            logits = self.generator(gen.ids, gen.attention_mask)
-            per_code, mask = gather_response(token_surprisal(logits, gen.ids), gen)
-            per_code, mask = per_code.view(B, K, -1), mask.view(B, K, -1)[:, 0]
-            # r(z|x): the generator's next-token logits at <z>, restricted to the codes (rows k = 0 of each example)
-            at_z = logits.view(B, K, logits.shape[1], -1)[torch.arange(B, device=logits.device), 0, gen.latent_position.view(B, K)[:, 0] - 1]
-            r_logits = at_z[:, self.code_ids].float()
-        if self.config.router == "marginal": r_logits = self.prior_logits.float().expand(B, K)  # the same r(z) for every input
-        out = CVAEOutput(None, mask, None, None, r=torch.softmax(r_logits, -1), nll_per_code=per_code, r_logits=r_logits)
-        if self.config.coupling > 0:
-            out.coupling_nll = -torch.log_softmax(self.code_classifier(rows.base).float(), -1)  # its weight needs beta: `posterior_forward`
-        if self.config.posterior == "exact": return out  # q* needs the objective: see `posterior_forward`
-        out.q_logits = self.posterior_logits(rows).float()
-        return with_posterior(out, out.q_logits)
+@patch
+def forward(self: DiscreteCVAE, examples: list[Example] | Rows) -> CVAEOutput:
+    "Exact posterior expectation over the K codes, the router and the KL."
+    rows = as_rows(self.vocab, examples, _device(self))
+    B, K = len(rows), self.config.K
+    if self.shared_prefix and getattr(self.generator, "supports_packed_codes", False):
+        per_code, mask, r_logits = shared_prefix_code_losses(self.generator, rows, self.code_ids)
+    else:
+        gen = rows.with_codes(self.code_ids)
+        logits = self.generator(gen.ids, gen.attention_mask)
+        per_code, mask = gather_response(token_surprisal(logits, gen.ids), gen)
+        per_code, mask = per_code.view(B, K, -1), mask.view(B, K, -1)[:, 0]
+        # r(z|x): the generator's next-token logits at <z>, restricted to the codes (rows k = 0 of each example)
+        at_z = logits.view(B, K, logits.shape[1], -1)[torch.arange(B, device=logits.device), 0, gen.latent_position.view(B, K)[:, 0] - 1]
+        r_logits = at_z[:, self.code_ids].float()
+    if self.config.router == "marginal": r_logits = self.prior_logits.float().expand(B, K)  # the same r(z) for every input
+    out = CVAEOutput(None, mask, None, None, r=torch.softmax(r_logits, -1), nll_per_code=per_code, r_logits=r_logits)
+    if self.config.coupling > 0:
+        out.coupling_nll = -torch.log_softmax(self.code_classifier(rows.base).float(), -1)  # its weight needs beta: `posterior_forward`
+    if self.config.posterior == "exact": return out  # q* needs the objective: see `posterior_forward`
+    out.q_logits = self.posterior_logits(rows).float()
+    return with_posterior(out, out.q_logits)
 
 # %% ../nbs/07_cvae.ipynb #548686f5
 class ResponseCodeClassifier(nn.Module):
@@ -224,35 +229,38 @@ class ContinuousCVAE(nn.Module):
         out = self.posterior_head(pooled_hidden(self.posterior, as_rows(self.vocab, examples, _device(self)).base)).float()
         return out.chunk(2, -1)
 
-    def decode(self, batch: Batch, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        "Generator token losses `(rows, T)` with `z (rows, D)` injected, their mask, and the router's $(\\mu_r, \\log\\sigma_r^2)$."
-        inj = self.inject(z.to(self.inject.weight.dtype))
-        # inj at each row's code slot, 0 elsewhere: a product with the slot's one-hot, not an in-place write (vmap over runs
-        # cannot write batched values into a fresh buffer); the dtype follows autocast (bf16 on a GPU), the backbone casts it
-        slot = torch.arange(batch.ids.shape[1], device=inj.device)[None, :] == batch.latent_position[:, None]
-        extra = slot[..., None].to(inj.dtype) * inj[:, None, :]
-        rows = torch.arange(len(z), device=inj.device)  # on the device: a host index would be a blocking copy
-        logits, h = self.generator(batch.ids, batch.attention_mask, extra_embeddings=extra, return_hidden=True)
-        nll, mask = gather_response(token_surprisal(logits, batch.ids), batch)
-        # r(z|x) reads the hidden state at <z>, which precedes the injected position: z cannot leak into its own prior
-        mu_r, logvar_r = self.router_head(h[rows, batch.latent_position - 1]).float().chunk(2, -1)
-        return nll, mask, mu_r, logvar_r
+# %% ../nbs/07_cvae.ipynb #bd29fcba
+@patch
+def decode(self: ContinuousCVAE, batch: Batch, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    "Generator token losses `(rows, T)` with `z (rows, D)` injected, their mask, and the router's $(\\mu_r, \\log\\sigma_r^2)$."
+    inj = self.inject(z.to(self.inject.weight.dtype))
+    # inj at each row's code slot, 0 elsewhere: a product with the slot's one-hot, not an in-place write (vmap over runs
+    # cannot write batched values into a fresh buffer); the dtype follows autocast (bf16 on a GPU), the backbone casts it
+    slot = torch.arange(batch.ids.shape[1], device=inj.device)[None, :] == batch.latent_position[:, None]
+    extra = slot[..., None].to(inj.dtype) * inj[:, None, :]
+    rows = torch.arange(len(z), device=inj.device)  # on the device: a host index would be a blocking copy
+    logits, h = self.generator(batch.ids, batch.attention_mask, extra_embeddings=extra, return_hidden=True)
+    nll, mask = gather_response(token_surprisal(logits, batch.ids), batch)
+    # r(z|x) reads the hidden state at <z>, which precedes the injected position: z cannot leak into its own prior
+    mu_r, logvar_r = self.router_head(h[rows, batch.latent_position - 1]).float().chunk(2, -1)
+    return nll, mask, mu_r, logvar_r
 
-    def forward(self, examples: list[Example] | Rows, generator: torch.Generator | None = None,
-                eps: torch.Tensor | None = None) -> CVAEOutput:  # the standard-normal noise (B, S, D), if drawn by the caller
-        "Reparameterized posterior expectation (`n_samples` draws) and the analytic KL."
-        rows = as_rows(self.vocab, examples, _device(self))
-        B, S, D = len(rows), self.config.n_samples, self.config.latent_dim
-        mu_q, logvar_q = self.posterior_params(rows)
-        if eps is None: eps = torch.randn(B, S, D, generator=generator, device="cpu" if generator is None else generator.device)
-        eps = eps.to(mu_q, non_blocking=True)
-        z = (mu_q[:, None] + (0.5 * logvar_q[:, None]).exp() * eps).reshape(B * S, D)
-        gen = rows.with_codes(self.null_ids.expand(S))  # S copies of each row, <znull> in the code slot
-        per_sample, mask, mu_r, logvar_r = self.decode(gen, z)
-        nll = per_sample.view(B, S, -1).float().mean(1)
-        mu_r, logvar_r = mu_r.view(B, S, D)[:, 0], logvar_r.view(B, S, D)[:, 0]  # the router does not depend on z
-        per_dim = gaussian_kl(mu_q[..., None], logvar_q[..., None], mu_r[..., None], logvar_r[..., None])
-        return CVAEOutput(nll, mask.view(B, S, -1)[:, 0], per_dim.sum(-1), per_dim, mu_q=mu_q)
+@patch
+def forward(self: ContinuousCVAE, examples: list[Example] | Rows, generator: torch.Generator | None = None,
+            eps: torch.Tensor | None = None) -> CVAEOutput:  # the standard-normal noise (B, S, D), if drawn by the caller
+    "Reparameterized posterior expectation (`n_samples` draws) and the analytic KL."
+    rows = as_rows(self.vocab, examples, _device(self))
+    B, S, D = len(rows), self.config.n_samples, self.config.latent_dim
+    mu_q, logvar_q = self.posterior_params(rows)
+    if eps is None: eps = torch.randn(B, S, D, generator=generator, device="cpu" if generator is None else generator.device)
+    eps = eps.to(mu_q, non_blocking=True)
+    z = (mu_q[:, None] + (0.5 * logvar_q[:, None]).exp() * eps).reshape(B * S, D)
+    gen = rows.with_codes(self.null_ids.expand(S))  # S copies of each row, <znull> in the code slot
+    per_sample, mask, mu_r, logvar_r = self.decode(gen, z)
+    nll = per_sample.view(B, S, -1).float().mean(1)
+    mu_r, logvar_r = mu_r.view(B, S, D)[:, 0], logvar_r.view(B, S, D)[:, 0]  # the router does not depend on z
+    per_dim = gaussian_kl(mu_q[..., None], logvar_q[..., None], mu_r[..., None], logvar_r[..., None])
+    return CVAEOutput(nll, mask.view(B, S, -1)[:, 0], per_dim.sum(-1), per_dim, mu_q=mu_q)
 
 # %% ../nbs/07_cvae.ipynb #b8450a7d
 def build_cvae(base: CausalLM,        # the base model the CVAE is adapted from (copied)

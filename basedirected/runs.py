@@ -27,7 +27,7 @@ import torch.nn as nn
 
 from .base import (GATE, GATE_SAMPLES_PER_INPUT, BaseTrainConfig, FrozenReference, SurprisalCache, base_gate,
                                base_training_examples, estimate_model_reference_scale, pretrain_base)
-from .conventions import check_nonnegative, check_positive, check_unit_interval
+from .conventions import check_nonnegative, check_positive, check_unit_interval, patch
 from .cvae import CVAEConfig, build_cvae
 from .model import EncodedExamples, ModelConfig, TinyCausalLM, layout_tokens
 from .objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig, objectives
@@ -94,24 +94,29 @@ class TrainConfig:
             if v is not None and v > MAX_KL_WEIGHT: raise ValueError(f"{name} must be <= {MAX_KL_WEIGHT:g} (a KL weight that large leaves no reconstruction "
                                                                      f"in float32 and can overflow the loss), got {v:g}")
 
-    def to_dict(self) -> dict:
-        "The fields, `grad_accum` only where it is not 1: a run directory or sweep cell written before it existed is still the same run."
-        d = asdict(self)
-        if self.grad_accum == 1: del d["grad_accum"]
-        return d
+# %% ../nbs/09_runs.ipynb #9389c2db
+@patch
+def to_dict(self: TrainConfig) -> dict:
+    "The fields, `grad_accum` only where it is not 1: a run directory or sweep cell written before it existed is still the same run."
+    d = asdict(self)
+    if self.grad_accum == 1: del d["grad_accum"]
+    return d
 
-    def lr_at(self, step: int) -> float:
-        "Learning rate of `step`: linear warm-up, then constant or cosine decay."
-        warm = self.lr * min(1.0, (step + 1) / self.warmup_steps)
-        if self.lr_schedule == "constant" or step < self.warmup_steps: return warm
-        progress = (step - self.warmup_steps) / max(self.steps - self.warmup_steps, 1)
-        return self.lr * (self.lr_min_ratio + (1 - self.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+# %% ../nbs/09_runs.ipynb #ac76670a
+@patch
+def lr_at(self: TrainConfig, step: int) -> float:
+    "Learning rate of `step`: linear warm-up, then constant or cosine decay."
+    warm = self.lr * min(1.0, (step + 1) / self.warmup_steps)
+    if self.lr_schedule == "constant" or step < self.warmup_steps: return warm
+    progress = (step - self.warmup_steps) / max(self.steps - self.warmup_steps, 1)
+    return self.lr * (self.lr_min_ratio + (1 - self.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
-    def kl_weight(self, step: int, c_ref: float, beta_star: float | None = None) -> float:
-        "The KL weight β of `step`: the schedule at its target β (times $\\widehat c_\\theta$ for the cELBO(β ĉ) control), or at τ·β* when `tau` is set."
-        if self.tau is None: return float(self.beta(step)) * (c_ref if self.beta_times_c_ref else 1.0)
-        if beta_star is None: raise ValueError("tau needs the objective's break-even beta_star")
-        return float(dataclasses.replace(self.beta, beta=self.tau * beta_star)(step))  # tau is relative to the loss's own beta*: no c_ref factor
+@patch
+def kl_weight(self: TrainConfig, step: int, c_ref: float, beta_star: float | None = None) -> float:
+    "The KL weight β of `step`: the schedule at its target β (times $\\widehat c_\\theta$ for the cELBO(β ĉ) control), or at τ·β* when `tau` is set."
+    if self.tau is None: return float(self.beta(step)) * (c_ref if self.beta_times_c_ref else 1.0)
+    if beta_star is None: raise ValueError("tau needs the objective's break-even beta_star")
+    return float(dataclasses.replace(self.beta, beta=self.tau * beta_star)(step))  # tau is relative to the loss's own beta*: no c_ref factor
 
 # %% ../nbs/09_runs.ipynb #b552c438
 @dataclass(frozen=True)
@@ -434,6 +439,7 @@ def file_lock(path: Path,                # the lock file (created, with its fold
 
 _HELD_DIRS: dict[tuple[int, int], int] = {}  # (device, inode) of the run directories this process holds -> how many holders
 
+# %% ../nbs/09_runs.ipynb #5427fc8f
 @contextmanager
 def exclusive_run_dir(path: Path):  # a run directory (made, with its parents, if absent)
     "Hold the run directory `path` for the block (a lock on the directory itself, taken before anything is written: the directory is made first, and removed again if the block leaves it empty) and clear a killed writer's temporary files; `ValueError` if another process holds it. Within one process it nests (a front end holds the directory, then the API it calls)."
@@ -684,27 +690,32 @@ class Run:
         "The held-out split encoded once on the run's device (evaluation selects its batches from it)."
         return EncodedExamples(self.vocab, self.held_out, self.device)
 
-    def optimizers(self) -> list[torch.optim.Optimizer]:
-        "Fresh optimizers over the weights that train: AdamW, or what the backbone's preparer chose (Muon beside AdamW)."
-        tc = self.config.train
-        if self._optimizers is not None: return self._optimizers(self.model, tc)
-        return [torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=tc.lr, weight_decay=tc.weight_decay)]
-
-    def log(self) -> list[dict]: return read_log(self.dir.log)
     @cached_property
     def beta_star(self) -> float | None:
-        "The break-even KL weight $\\beta^\\star$ of the run's objective on its held-out split ([notebook 08](08_metrics.ipynb)); None where the task has no profiles."
+        "The break-even KL weight $\\beta^\\star$ of the run's objective on its held-out split ([notebook 05](05_tasks.ipynb)); None where the task has no profiles."
         return break_even_beta(self.task, self.held_out, self.eval_cache, self.c_ref, self.config.loss).get("beta_star")
-    def kl_weight(self, step: int) -> float:
-        "The KL weight of `step` ([`TrainConfig.kl_weight`](#TrainConfig.kl_weight), τ resolved with this run's $\\beta^\\star$)."
-        tc = self.config.train
-        if tc.tau is not None and not self.beta_star: raise ValueError(f"tau needs a positive break-even beta*, got {self.beta_star} (task {self.task.name})")
-        target = tc.tau * self.beta_star if tc.tau is not None else tc.beta.beta * (self.c_ref if tc.beta_times_c_ref else 1.0)  # the schedule's top
-        if target > MAX_KL_WEIGHT: raise RunInputError(f"the KL weight resolves to {target:g} (" + (f"tau {tc.tau:g} x beta* {self.beta_star:g}" if tc.tau is not None
-                                                       else f"beta x c_theta {self.c_ref:g}") + f"), above {MAX_KL_WEIGHT:g}: give a smaller --tau or --beta")
-        return tc.kl_weight(step, self.c_ref, self.beta_star if tc.tau is not None else None)
     @cached_property
     def gate(self) -> dict: return prepare_gate(self.dir.path, self.base, self.vocab, self.config, self.held_out, self.device)
+
+# %% ../nbs/09_runs.ipynb #be048a4a
+@patch
+def optimizers(self: Run) -> list[torch.optim.Optimizer]:
+    "Fresh optimizers over the weights that train: AdamW, or what the backbone's preparer chose (Muon beside AdamW)."
+    tc = self.config.train
+    if self._optimizers is not None: return self._optimizers(self.model, tc)
+    return [torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=tc.lr, weight_decay=tc.weight_decay)]
+
+@patch
+def log(self: Run) -> list[dict]: return read_log(self.dir.log)
+@patch
+def kl_weight(self: Run, step: int) -> float:
+    "The KL weight of `step` ([`TrainConfig.kl_weight`](#TrainConfig.kl_weight), τ resolved with this run's $\\beta^\\star$)."
+    tc = self.config.train
+    if tc.tau is not None and not self.beta_star: raise ValueError(f"tau needs a positive break-even beta*, got {self.beta_star} (task {self.task.name})")
+    target = tc.tau * self.beta_star if tc.tau is not None else tc.beta.beta * (self.c_ref if tc.beta_times_c_ref else 1.0)  # the schedule's top
+    if target > MAX_KL_WEIGHT: raise RunInputError(f"the KL weight resolves to {target:g} (" + (f"tau {tc.tau:g} x beta* {self.beta_star:g}" if tc.tau is not None
+                                                   else f"beta x c_theta {self.c_ref:g}") + f"), above {MAX_KL_WEIGHT:g}: give a smaller --tau or --beta")
+    return tc.kl_weight(step, self.c_ref, self.beta_star if tc.tau is not None else None)
 
 # %% ../nbs/09_runs.ipynb #41858f09
 def read_reference_scale(path: Path,  # a reference_scale.json

@@ -248,6 +248,45 @@ class TensorBoardSink:
     def close(self): self.writer.close()
 
 
+# %% ../nbs/10_train.ipynb #50c690b1
+class _RunLogs:
+    "The loop's writer of each run's `log.jsonl` (and TensorBoard events): a process that does not write holds no file."
+    def __init__(self, runs: list[Run], main: bool, tensorboard):
+        self.files = [open(r.dir.log, "a") for r in runs] if main else []
+        self.sinks = [TensorBoardSink(Path(tensorboard) / (r.dir.path.name if len(runs) > 1 else "")) for r in runs] if main and tensorboard else []
+    def write(self, n: int, record: dict):
+        if not self.files: return
+        self.files[n].write(json.dumps(_json_safe(record)) + "\n")
+        if self.sinks: self.sinks[n](record)
+    def flush(self, n: int, durable: bool = False):  # durable: on disk before a checkpoint claims its steps
+        if not self.files: return
+        self.files[n].flush()
+        if durable: os.fsync(self.files[n].fileno())
+    def close(self):
+        for f in (*self.files, *self.sinks): f.close()
+
+def _evaluate_at(r: Run, step: int) -> dict: return evaluate(r, r.kl_weight(step))  # the held-out terms after `step` (0-based)
+
+def _restore_lost_evaluations(runs: list[Run], start: int, logs: _RunLogs):
+    "A checkpoint whose evaluation record was lost (a torn last line) holds that step's model: the same record is written again."
+    tc = runs[0].config.train
+    if not start or not (start % tc.eval_every == 0 or start == tc.steps): return
+    for n, r in enumerate(runs):
+        if logs.files and not any(e.get("split") == "eval" and e["step"] == start for e in read_log(r.dir.log)):
+            logs.write(n, {"step": start, "split": "eval", **_evaluate_at(r, start - 1)})
+
+def _finals(runs: list[Run], s, stopped: dict, end: int) -> list:
+    "Each run's final held-out terms (written to `eval.json` by the writing process where the run reached its last step), or its error."
+    s.sync()
+    finals, steps = [], runs[0].config.train.steps
+    for n, r in enumerate(runs):
+        if n in stopped: finals.append(stopped[n]); continue
+        final = _evaluate_at(r, steps) if s.writes else {}
+        if s.writes and end >= steps: atomic_write_json(r.dir.eval, {"c_ref": r.scale.to_dict(), **final})
+        finals.append(final)
+    barrier(runs[0].world)  # no process leaves before rank 0 has written
+    return finals
+
 # %% ../nbs/10_train.ipynb #87b7c34e
 def fit(runs: list[Run],                        # prepared runs (`prepare_run`, `prepare_hf_run`) that the stepper trains together
         stepper=None,                           # builds the stepper from the runs: None picks OneRun, or ShardedRun under torchrun; RunGroup for many
@@ -263,65 +302,41 @@ def fit(runs: list[Run],                        # prepared runs (`prepare_run`, 
     start, states = _resume(runs)
     end = tc.steps if stop_after is None else min(tc.steps, stop_after)
     s: Stepper = (stepper or (ShardedRun if world > 1 else OneRun))(runs)
-    main = s.writes  # the stepper says which process writes the runs' files
-    for r in runs:
-        if main: truncate_log(r.dir.log, start)
+    for n, (r, st) in enumerate(zip(runs, states)):
+        if s.writes: truncate_log(r.dir.log, start)  # the stepper says which process writes the runs' files
         r.model.train()
-    for n, st in enumerate(states):
         if st is not None: s.load_optimizer_state(n, st)
-    watches = [(deque(maxlen=50), {"skipped": 0, "warned": False}) for _ in runs]
-    stopped: dict[int, NonFiniteError] = {}
+    watches, stopped = [(deque(maxlen=50), {"skipped": 0, "warned": False}) for _ in runs], {}  # stopped: run index -> its NonFiniteError
     def stop(n, error): stopped[n] = error; s.stop(n)
     steps = range(start, end)
-    if progress and main:
+    if progress and s.writes:
         from tqdm.auto import tqdm
         steps = tqdm(steps, initial=start, total=tc.steps, desc="cvae" if len(runs) == 1 else f"group of {len(runs)}", leave=False)
-    evaluate_run = lambda r, step: evaluate(r, r.kl_weight(step))
-    logs = [open(r.dir.log, "a") for r in runs] if main else []
-    sinks = [TensorBoardSink(Path(tensorboard) / (r.dir.path.name if len(runs) > 1 else "")) for r in runs] if main and tensorboard else []
-    def write(n, record):
-        if not main: return
-        logs[n].write(json.dumps(_json_safe(record)) + "\n")
-        if sinks: sinks[n](record)
+    logs = _RunLogs(runs, s.writes, tensorboard)
     try:
-        for n, r in enumerate(runs):
-            if main and start and (start % tc.eval_every == 0 or start == tc.steps) and not any(
-                    e.get("split") == "eval" and e["step"] == start for e in read_log(r.dir.log)):
-                # the checkpoint's evaluation record was lost (a torn last line): the checkpoint holds that step's model, so it is the same record
-                write(n, {"step": start, "split": "eval", **evaluate_run(r, start - 1)})
+        _restore_lost_evaluations(runs, start, logs)
         for step in steps:
             for n, record in enumerate(s.step(step)):
                 if n in stopped: continue
-                write(n, record)
+                logs.write(n, record)
                 try: _watch(record, *watches[n], tc.max_nonfinite_steps)  # every process sees the same record: they stop together
-                except NonFiniteError as e:
-                    if main: logs[n].flush()
-                    stop(n, e)
+                except NonFiniteError as e: logs.flush(n); stop(n, e)
             if len(stopped) == len(runs): break
             evaluate_now = (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps
             checkpoint_now = (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps
             if evaluate_now or checkpoint_now: s.sync()
             for n, r in enumerate(runs):
-                if n in stopped or not main: continue
-                if evaluate_now: write(n, {"step": step + 1, "split": "eval", **evaluate_run(r, step)})
+                if n in stopped or not s.writes: continue
+                if evaluate_now: logs.write(n, {"step": step + 1, "split": "eval", **_evaluate_at(r, step)})
                 if checkpoint_now:
-                    logs[n].flush(); os.fsync(logs[n].fileno())  # a checkpoint never claims steps the log lacks
+                    logs.flush(n, durable=True)  # a checkpoint never claims steps the log lacks
                     try: _checkpoint(r, s.optimizer_state(n, step), step + 1)
                     except NonFiniteError as e: stop(n, e)
             if len(stopped) == len(runs): break
-            if progress and main and len(runs) == 1 and "loss" in record:
+            if progress and s.writes and len(runs) == 1 and "loss" in record:
                 steps.set_postfix(loss=f"{record['loss']:.3f}", kl=f"{record['kl']:.3f}", theta=f"{record['theta']:.3f}")
-    finally:
-        for f in (*logs, *sinks): f.close()
-    s.sync()
-    finals = []
-    for n, r in enumerate(runs):
-        if n in stopped: finals.append(stopped[n]); continue
-        final = evaluate_run(r, tc.steps) if main else {}
-        if main and end >= tc.steps: atomic_write_json(r.dir.eval, {"c_ref": r.scale.to_dict(), **final})
-        finals.append(final)
-    barrier(world)  # no process leaves before rank 0 has written
-    return finals
+    finally: logs.close()
+    return _finals(runs, s, stopped, end)
 
 # %% ../nbs/10_train.ipynb #25649a86
 def train_run(run: Run,                        # a prepared run (`prepare_run`, `prepare_hf_run`)
