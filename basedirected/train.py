@@ -14,7 +14,7 @@ import time
 import warnings
 from collections import deque
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn as nn
@@ -145,6 +145,7 @@ def train_step(run: Run,             # a prepared run (any backbone)
 
 
 # %% ../nbs/10_train.ipynb #f621b503
+@runtime_checkable
 class Stepper(Protocol):
     "What `fit` asks of a way of training: it owns the step (sharding and reduction included), the optimizer states and which process writes."
     runs: list[Run]      # the runs it trains
