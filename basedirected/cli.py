@@ -277,6 +277,7 @@ class OneLineParser(argparse.ArgumentParser):
             message += f"; see {self.prog} --help"  # argparse's own complaints about the command line; the package's own name their fix
         self.exit(2, f"{self.prog}: error: {message}\n")
 
+# %% ../nbs/10b_cli.ipynb #d14a23e2
 def build_parser(prog: str = "basedirected-train",  # the command's name in its messages
                 ) -> argparse.ArgumentParser:
     "The `basedirected-train` argument parser, generated from `OPTIONS` and the configurations' field comments; `basedirected-hf-train`'s lists only the options of a Hugging Face backbone."

@@ -242,7 +242,10 @@ _SEARCH_JS = r"""// The site's search: the sections of window.BD_SEARCH (search-
     });
   }
   if (typeof module !== "undefined") module.exports = {search: search};
-  if (typeof document === "undefined") return;
+"""
+
+# %% ../nbs/14_docs.ipynb #78a99dc1
+_SEARCH_JS += r"""  if (typeof document === "undefined") return;
   function show(box, list) {
     var hits = search(window.BD_SEARCH, box.value, 12);
     list.textContent = "";

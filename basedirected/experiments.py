@@ -52,10 +52,8 @@ class Preset:
     base_seed: int | None = None         # one base per task shared by every CVAE seed (--base-seed); None: a base per seed
     base_seeds: tuple[int, ...] = ()     # several bases per task, each shared by every CVAE seed: the base as a factor of the design
                                          # (its cells' keys carry -b<seed>); () : base_seed alone
-    failed_bases: str = "refuse"         # a base that fails the quality gate: 'refuse' (the sweep stops) or 'skip' (its cells are not
-                                         # run; the report lists them), for designs with several bases whose gates another machine may change
-    bases_needed: int | None = None      # with base_seeds: each task uses the first this many of its base_seeds (in order) whose base passes
-                                         # the gate, and trains no later candidate once they have (None: every base_seeds entry)
+    failed_bases: str = "refuse"         # a base that fails the quality gate: 'refuse' (the sweep stops) or 'skip' (its cells are not run)
+    bases_needed: int | None = None      # with base_seeds: the first this many (in order) whose base passes the gate (None: every one)
     regimes: tuple[str, ...] = ("early",)  # regimes of the visiting-order task, or names of other tasks
     latents: tuple[str, ...] = ("discrete",)
     alpha_gamma: tuple[tuple[float, float], ...] = ((0.5, 1.0),)  # grid for `theta`
@@ -70,7 +68,7 @@ class Preset:
     grad_clip: float | None = None       # gradient-norm clipping of every run (--grad-clip; None: TrainConfig's); 1e6 leaves none in effect
     lr: float | None = None              # the CVAE's learning rate (--lr; None: TrainConfig's)
     lr_schedule: str | None = None       # 'cosine' or 'constant' after the warm-up (--lr-schedule; None: TrainConfig's)
-    code_init_noise: float | None = None # the code embeddings' initialization noise (--code-init-noise; None: CVAEConfig's)
+    code_init_noise: float | None = None # the code embeddings' initialization noise (--code-init-noise)
     router: str | None = None            # 'input' r(z|x) or 'marginal' r(z) (--router; None: CVAEConfig's)
     coupling: float | None = None        # the coupling term's rho, an extension beyond the seeds (--coupling; None: off)
     Ks: tuple[int, ...] = (3,)           # discrete codes
@@ -125,6 +123,11 @@ PRESETS = {
     "addition": Preset("addition", ("theta", "dist", "celbo"), "the study's design on addition: "
                        "J_theta, dist and the cELBO at tau 0.07 for 800 steps (its measured escape time), 5 seeds on the recipe's gated base",
                        taus=(0.07,), seeds=tuple(range(5)), base_seed=0, regimes=("addition",), cvae_steps=800, evals=8),
+}
+
+# %% ../nbs/11_experiments.ipynb #d4379330
+# the presets that settle the study's answer and measure what makes z name the strategy
+PRESETS.update({
     # the study's answer settled (reference/settled, page 13d): every run past its measured settling time (sorting: pilot runs of 1,500
     # steps, benchmarks/escape_curves.py, settle by step 700; grid pathfinding: 2/30 study runs still moving at 300; addition: the
     # escape curves' 650), the base a factor (the first three data seeds whose base passes the gate on sorting and grid pathfinding,
@@ -160,13 +163,17 @@ PRESETS = {
                               for mechanism, objs in (({"code_init_noise": 1.0}, ("theta", "celbo")), ({"Ks": (4,)}, ("theta",)))),
                             {"regimes": ("grid_pathfinding",), "base_seeds": tuple(range(2, 12)), "cvae_steps": 500, "objectives": ("theta",),
                              "coupling": None, "router": "marginal"})),
+})
+
+# %% ../nbs/11_experiments.ipynb #b680e759
+PRESETS.update({
     "paper": Preset("paper", ("theta", "dist", "celbo"), "the study's design at the paper's model size with 20 seeds, two tau, an equal-beta "
                     "row and an amortized arm (one GPU, groups)", taus=(0.07, 0.2), seeds=tuple(range(20)), base_seed=0,
                     regimes=("sorting", "grid_pathfinding", "addition"), model=ModelConfig(d_model=128, n_layers=4, n_heads=4, d_ff=512),
                     n_eval=1024, cvae_steps=1000, evals=10, batch_size=64, c_samples=5000, n_forced=128,
                     arms=({"objectives": ("theta", "dist", "celbo", "celbo_scaled"), "taus": (), "betas": (0.05,)},
                           {"posteriors": ("amortized",), "taus": (0.07,), "seeds": tuple(range(10)), "cvae_steps": 2000, "evals": 20})),
-}
+})
 
 # %% ../nbs/11_experiments.ipynb #a30e8233
 @dataclass(frozen=True)
@@ -606,6 +613,7 @@ def execute(out: Path,              # the sweep's directory
     try: return _execute(out, preset, jobs, device, force, progress, group_size, compile)
     finally: torch.set_num_threads(threads)
 
+# %% ../nbs/11_experiments.ipynb #91c8e17a
 def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, progress: bool, group_size: int, compile: bool) -> list[dict]:
     out = Path(out); check_sweep_dir(out)
     specs = plan(preset)

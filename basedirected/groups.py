@@ -370,6 +370,29 @@ def _indices(self: RunGroup, step: int) -> torch.Tensor:
         self._perms = {"epoch": epoch, **{seed: epoch_permutation(n, seed, epoch) for seed in self.data.seeds}}
     return torch.stack([self._perms[r.config.seed][k * B:(k + 1) * B] for r in self.runs])
 
+# %% ../nbs/10c_groups.ipynb #af5a289e
+@patch
+def _records(self: RunGroup, step: int,  # the step's index, from 0
+             host: list[list[float]],    # per run: its finiteness flags, values, gradient norm and batch statistics
+             betas: list[float],         # each run's KL weight at this step
+             lr: float,                  # the group's learning rate at this step
+             elapsed: float,             # the step's seconds
+            ) -> list[dict]:             # one log record per run, as `train_step` writes it (or the term that was not finite)
+    "The log records of one group step, from its one host read."
+    names, records = [*TERM_NAMES, "kl", "recon", "loss", *(["distill"] if self.distill else [])], []
+    for n, (row, beta) in enumerate(zip(host, betas)):
+        head = {"step": step + 1, "split": "train", "beta": beta, "lr": lr}
+        vals = dict(zip(names, row[2:2 + len(names)]))
+        grad_norm, stat = row[2 + len(names)], row[3 + len(names):]
+        failed = next((term for term, good in (("nll", row[0]), ("kl", row[1]), ("loss", math.isfinite(vals["loss"])),
+                                               ("grad_norm", math.isfinite(grad_norm))) if not good), None)
+        if failed: records.append({**head, "skipped": failed}); continue
+        vals = {**{k: vals[k] for k in TERM_NAMES}, **dict(zip(("base_mean", "kappa_mean", "kappa_max", "inverse_kappa_mean"), stat)),
+                **{k: v for k, v in vals.items() if k not in TERM_NAMES}}
+        records.append({**head, "grad_norm": grad_norm, **vals, "examples_per_s": self.batch_size / elapsed, "group_size": self.n,
+                        "precision": self.precision})
+    return records
+
 # %% ../nbs/10c_groups.ipynb #a8ae4ba9
 @patch
 def step(self: RunGroup, step: int,  # the step's index, from 0 (its records say step + 1)
@@ -408,21 +431,7 @@ def step(self: RunGroup, step: int,  # the step's index, from 0 (its records say
     self.opt.step(lr, ok & self.alive, scale)
     batch_stats = torch.stack([stats[..., 0].mean(1), stats[..., 1].mean(1), stats[..., 1].amax(1), stats[..., 2].mean(1)], 1)
     host = torch.cat([values.detach().float(), norms[:, None], batch_stats], 1).tolist()  # the step's one host read
-    elapsed = time.perf_counter() - t0
-    names = [*TERM_NAMES, "kl", "recon", "loss", *(["distill"] if self.distill else [])]
-    records = []
-    for n, (row, beta) in enumerate(zip(host, betas)):
-        head = {"step": step + 1, "split": "train", "beta": beta, "lr": lr}
-        vals = dict(zip(names, row[2:2 + len(names)]))
-        grad_norm, stat = row[2 + len(names)], row[3 + len(names):]
-        failed = next((term for term, good in (("nll", row[0]), ("kl", row[1]), ("loss", math.isfinite(vals["loss"])),
-                                               ("grad_norm", math.isfinite(grad_norm))) if not good), None)
-        if failed: records.append({**head, "skipped": failed}); continue
-        vals = {**{k: vals[k] for k in TERM_NAMES}, **dict(zip(("base_mean", "kappa_mean", "kappa_max", "inverse_kappa_mean"), stat)),
-                **{k: v for k, v in vals.items() if k not in TERM_NAMES}}
-        records.append({**head, "grad_norm": grad_norm, **vals, "examples_per_s": self.batch_size / elapsed, "group_size": self.n,
-                        "precision": self.precision})
-    return records
+    return self._records(step, host, betas, lr, time.perf_counter() - t0)
 
 # %% ../nbs/10c_groups.ipynb #4889f281
 @patch

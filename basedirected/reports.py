@@ -208,6 +208,7 @@ def _cell(r: dict) -> str:
     weight = f"tau {r['tau_target']:g}" if r.get("tau_target") is not None else f"beta {r.get('beta_target', r.get('beta')):g}"
     return weight + _options_tag(r)
 
+# %% ../nbs/12_reports.ipynb #33e69be9
 def _paired_units(records: list[dict]) -> dict:
     "Discrete-latent records by (task, cell, posterior, K), then arm, then unit (base, seed)."
     by = {}
@@ -224,6 +225,7 @@ def _pairs(objs: dict, a: str, b: str, metric: str) -> tuple[list[tuple], list[f
         if isinstance(x.get(metric), (int, float)) and isinstance(y.get(metric), (int, float)): units.append(u); diffs.append(x[metric] - y[metric])
     return units, diffs, unsettled
 
+# %% ../nbs/12_reports.ipynb #0a59cecc
 def paired_statistics(records: list[dict],                 # one metrics record per run
                       metrics: tuple[str, ...] = PAIRED_METRICS,  # the metrics compared
                      ) -> list[dict]:                      # a row per (task, cell, comparison, metric), Holm across tasks

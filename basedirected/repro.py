@@ -20,7 +20,7 @@ from .runs import environment_record, read_json, resolve_device
 from .train import NonFiniteError
 
 # %% auto #0
-__all__ = ['reference_minutes', 'preset_help', 'repro_main']
+__all__ = ['reference_minutes', 'preset_help', 'repro_parser', 'repro_main']
 
 # %% ../nbs/12b_repro.ipynb #f5b15308
 def _missing_message(out: Path, missing: list[str]) -> str:
@@ -63,10 +63,9 @@ def preset_help(name: str,  # a preset's name
     m = reference_minutes(name)
     return f"{name}: {PRESETS[name].about}" + (f" (reference run {m:.1f} min on a 2-core CPU)" if m else "")
 
-# %% ../nbs/12b_repro.ipynb #c1874c3d
-def repro_main(argv: list[str] | None = None,  # command-line arguments (None: the process's own)
-              ) -> int:                       # exit status: 1 when cells are missing, else 0
-    "Console entry point `basedirected-repro`."
+# %% ../nbs/12b_repro.ipynb #a647a75a
+def repro_parser() -> OneLineParser:
+    "The `basedirected-repro` argument parser: the presets with their reference times, the sweep's options and the executor's (generated from `ClusterConfig`)."
     p = OneLineParser(prog="basedirected-repro", formatter_class=argparse.RawDescriptionHelpFormatter,
                       description=textwrap.fill("Reproduce the synthetic-sequence experiments: base pre-training, c_theta, every objective "
                                                 "of the preset, metrics, tables and figures.", 100),
@@ -83,6 +82,13 @@ def repro_main(argv: list[str] | None = None,  # command-line arguments (None: t
                    "'auto' is 64 on a GPU and 1 on a CPU, where a group is no faster than its runs one by one")
     p.add_argument("--compile", action="store_true", help="compile each group's step with torch.compile (GPU; the first step pays the compile time)")
     add_dataclass_options(p, ClusterConfig, {"executor": EXECUTORS, "cluster": CLUSTERS}, "executor (where the cells run)")
+    return p
+
+# %% ../nbs/12b_repro.ipynb #c1874c3d
+def repro_main(argv: list[str] | None = None,  # command-line arguments (None: the process's own)
+              ) -> int:                       # exit status: 1 when cells are missing, else 0
+    "Console entry point `basedirected-repro`."
+    p = repro_parser()
     a = p.parse_args(argv)
     if a.collect and a.preset is not None and a.out is not None and SweepDir(a.out).preset.is_file():
         try: recorded = read_json(SweepDir(a.out).preset).get("preset", {}).get("name")
