@@ -160,7 +160,8 @@ PRESETS.update({
                              "coupling": 3.0},
                             *({"regimes": (task,), "base_seeds": seeds, "cvae_steps": steps, "objectives": objs, "coupling": None, **mechanism}
                               for task, seeds, steps in (("grid_pathfinding", tuple(range(2, 12)), 500), ("addition", tuple(range(4)), 800))
-                              for mechanism, objs in (({"code_init_noise": 1.0}, ("theta", "celbo")), ({"Ks": (4,)}, ("theta",)))),
+                              for mechanism, objs in (({"code_init_noise": 1.0}, ("theta", "celbo") if task == "grid_pathfinding" else ("theta",)),
+                                                      ({"Ks": (4,)}, ("theta",)))),
                             {"regimes": ("grid_pathfinding",), "base_seeds": tuple(range(2, 12)), "cvae_steps": 500, "objectives": ("theta",),
                              "coupling": None, "router": "marginal"})),
 })

@@ -562,7 +562,8 @@ def write_curves(out: Path,             # the sweep's output directory
                  records: list[dict],   # the finished cells' metrics records (their keys name their run directories)
                 ) -> list[dict]:        # one row per held-out evaluation
     """`curves.csv`: every finished cell's held-out rate, loss and reconstruction at each evaluation of its training (how fast $z$ escaped,
-    run by run), with the training steps since the evaluation before: their mean gradient norm and the share of them clipped."""
+    run by run) and what its codes meant then (the posterior alignment and $I(z;s)/H(s)$, where the log has them), with the training steps
+    since the evaluation before: their mean gradient norm and the share of them clipped."""
     rows = []
     for r in records:
         clip, norms = r.get("grad_clip") or TrainConfig().grad_clip, []
@@ -570,10 +571,11 @@ def write_curves(out: Path,             # the sweep's output directory
             if e.get("split") == "train" and "grad_norm" in e: norms.append(e["grad_norm"])
             if e.get("split") != "eval": continue
             rows.append({"key": r["key"], "step": e["step"], "rate": e["kl"], "loss": e["loss"], "recon": e["recon"],
+                         "alignment_posterior": e.get("alignment_posterior"), "I_zs_norm": e.get("I_zs_norm"),  # what the codes meant then
                          "grad_norm": sum(norms) / len(norms) if norms else None,
                          "clipped": sum(n > clip for n in norms) / len(norms) if norms else None})
             norms = []
-    atomic_write_bytes(Path(out) / "curves.csv", _csv_bytes(rows, ["key", "step", "rate", "loss", "recon", "grad_norm", "clipped"]))
+    atomic_write_bytes(Path(out) / "curves.csv", _csv_bytes(rows, ["key", "step", "rate", "loss", "recon", "alignment_posterior", "I_zs_norm", "grad_norm", "clipped"]))
     return rows
 
 # %% ../nbs/12_reports.ipynb #cb3c6180
