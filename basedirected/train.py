@@ -24,10 +24,9 @@ from .conventions import trusted_values
 from .cvae import objective_terms, posterior_forward
 from .metrics import evaluate_model, posterior_meaning, settling
 from .objective import loss_reference_weights
-from .tasks import break_even_beta
 from .runs import (Run, RunConfig, TrainConfig, atomic_torch_save, atomic_write_json, barrier, exclusive_run_dir, gather_floats, load_checkpoint,
                                load_trained_state, prepare_run, read_json, read_log, shard_indices, trained_state, truncate_log)
-from .tasks import batch_indices
+from .tasks import batch_indices, break_even_beta
 
 # %% auto #0
 __all__ = ['evaluate', 'NonFiniteError', 'check_batch_split', 'train_step', 'Stepper', 'OneRun', 'ShardedRun', 'TensorBoardSink',
