@@ -462,8 +462,8 @@ def _verdict(m: dict,          # a run's metrics.json record
     if not all(isinstance(m.get(k), (int, float)) for k in ("rate", "gen_alignment_controlled_all", "gen_alignment_controlled_all_null")): return ""
     settled = {True: "settled", False: "still moving at its last step", None: "too few evaluations to tell whether it settled"}[m.get("settled")]
     return (f"z: held-out rate {m['rate']:.2f} nats" + (f" (log K = {math.log(K):.2f})" if K and K > 1 else "") + f"; codes name the strategy in "
-            f"{m['gen_alignment_controlled_all']:.0%} of forced generations (chance {m['gen_alignment_controlled_all_null']:.0%})"
-            + (f"; answers right {m['gen_answer_rate']:.0%}" if isinstance(m.get("gen_answer_rate"), float) else "") + f"; {settled}")
+            f"{m['gen_alignment_controlled_all']:.1%} of forced generations (chance {m['gen_alignment_controlled_all_null']:.1%})"
+            + (f"; answers right {m['gen_answer_rate']:.1%}" if isinstance(m.get("gen_answer_rate"), float) else "") + f"; {settled}")
 
 def hf_train_main(argv: list[str] | None = None,  # the options (None: the command line's)
                  ) -> int:
