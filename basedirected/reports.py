@@ -157,7 +157,7 @@ def write_results(out: Path,             # the sweep's output directory
     cols = ["regime", "cell", "posterior", "K", "comparison", "metric", "n", "mean", "ci_lo", "ci_hi", "p", "p_holm", "unsettled_left_out", "seeds"]
     atomic_write_bytes(out / "stats.csv", _csv_bytes(stats, cols))
     atomic_write_bytes(out / "stats.md", stats_markdown(stats).encode())
-    atomic_write_bytes(out / "success.csv", _csv_bytes(success_counts(records), ["regime", "cell", "posterior", "K", "objective", "success", "success_n", "success_lo", "success_hi"]))
+    atomic_write_bytes(out / "success.csv", _csv_bytes(success_counts(records), ["regime", "cell", "posterior", "K", "objective", "success", "success_n", "success_lo", "success_hi", "unsettled"]))
     if contrasts := base_contrasts(records):  # several bases per task: the base as a factor
         atomic_write_bytes(out / "contrasts.csv", _csv_bytes(contrasts, list(contrasts[0]) + ["across_p_holm"] * ("across_p_holm" not in contrasts[0])))
         atomic_write_bytes(out / "contrasts.md", contrasts_markdown(contrasts).encode())
@@ -247,14 +247,16 @@ def paired_statistics(records: list[dict],                 # one metrics record 
     return rows
 
 def success_counts(records: list[dict],  # one metrics record per run
-                  ) -> list[dict]:      # a row per (task, cell, posterior, K, objective): success share, count and Wilson interval
-    "Seeds per task, cell and objective whose controlled alignment (all generations) and answer rate reach `SUCCESS`, with Wilson intervals."
+                  ) -> list[dict]:      # a row per (task, cell, posterior, K, arm): success share, count, Wilson interval, unsettled runs
+    "Settled seeds per task, cell and arm (`_arm`: J_theta's doses apart) whose controlled alignment (all generations) and answer rate reach `SUCCESS`, with Wilson intervals."
     from basedirected.tasks import rate_record
     by = {}
     for r in records:
-        if r.get("latent") == "discrete": by.setdefault((r["regime"], _cell(r), r.get("posterior"), r.get("K"), r["objective"]), []).append(r)
+        if r.get("latent") == "discrete": by.setdefault((r["regime"], _cell(r), r.get("posterior"), r.get("K"), _arm(r)), []).append(r)
     ok = lambda r: all(isinstance(r.get(k), (int, float)) and r[k] >= v for k, v in SUCCESS.items())
-    return [{"regime": g[0], "cell": g[1], "posterior": g[2], "K": g[3], "objective": g[4], **rate_record("success", sum(map(ok, rs)), len(rs))}
+    settled = lambda rs: [r for r in rs if r.get("settled") is not False]  # a run still moving counts neither way
+    return [{"regime": g[0], "cell": g[1], "posterior": g[2], "K": g[3], "objective": g[4],
+             **rate_record("success", sum(map(ok, settled(rs))), len(settled(rs))), "unsettled": len(rs) - len(settled(rs))}
             for g, rs in sorted(by.items(), key=lambda kv: tuple(map(str, kv[0])))]
 
 # %% ../nbs/12_reports.ipynb #3bf13258
