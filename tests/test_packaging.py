@@ -1,5 +1,6 @@
 """The package's own hygiene: dependency lists agree, modules match their notebooks, imports stay light."""
 import configparser
+import math
 import shlex
 import shutil
 import subprocess
@@ -254,6 +255,24 @@ def test_the_readmes_figures_are_the_reference_files():
                                              ("addition", "addition", "tau 0.07", "theta - dist"), ("followup", "sorting", "tau 0.07", "theta - celbo"),
                                              ("followup", "sorting", "tau 0.07 clip 1e+06", "theta - celbo")):
         assert fix(contrast(preset, regime, cell, comparison)) in text, (preset, regime, cell, comparison, contrast(preset, regime, cell, comparison))
+
+
+def test_the_readmes_default_run_is_the_reference_run():
+    "The default command's figures in the README are its reference run's metrics.json, its time the run's log."
+    import json
+    import re
+    ref = ROOT / "reference" / "default-run"
+    m = json.loads((ref / "metrics.json").read_text())
+    assert (ref / "command.txt").read_text().split()[:3] == ["basedirected-train", "--run-dir", "/tmp/default-run"]
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert "basedirected-train --run-dir runs/x ```" in text
+    assert m["settled"] is True
+    assert (f"a held-out rate of {m['rate']:.3f} nats (log 3 = {math.log(3):.3f}) with codes that name the strategy in "
+            f"{100 * m['gen_alignment_controlled_all']:.1f} % of forced generations (chance {100 * m['gen_alignment_controlled_all_null']:.1f} %), "
+            f"answers right on {100 * m['gen_answer_rate']:.1f} %, settled") in text
+    (real,), (user,) = (re.findall(rf"^{k}\s+(\d+)m([\d.]+)s", (ref / "run.log").read_text(), re.M) for k in ("real", "user"))
+    minutes = lambda mv: int(mv[0]) + float(mv[1]) / 60
+    assert f"{minutes(real):.1f} min on 2 cores shared with a sweep, {minutes(user):.1f} min of CPU" in text
 
 
 def test_the_readmes_gpu_estimate_is_the_packages():
