@@ -144,7 +144,7 @@ PRESETS.update({
                             {"regimes": ("addition",), "base_seeds": (0, 1, 2, 3), "bases_needed": 2, "alpha_gamma": ((0.5, 1.0),), "cvae_steps": 800},
                             {"regimes": ("grid_pathfinding",), "base_seeds": (2,), "bases_needed": 1, "objectives": ("theta",),
                              "alpha_gamma": ((0.5, 1.0),), "cvae_steps": 500, "lr": 3e-4})),
-    # what makes z name the strategy (reference/meaning, page 13e): the symmetry breakers of notebook 07a on the first gated base of
+    # what makes z name the strategy (its reference run is still to be made): the symmetry breakers of notebook 07a on the first gated base of
     # each task, past the settled run lengths, beside the settled preset's runs (their baseline: rho 0, noise 0.02, K = 3, r(z|x)).
     # The coupling term at rho 1 and 3 (reference/coupling-pilot: 1 named the strategy on one grid run, 10 followed surface features),
     # under every objective (10 seeds on grid pathfinding, 5 elsewhere); the code embeddings' initialization noise at 1.0 and a spare
