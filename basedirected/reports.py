@@ -226,6 +226,14 @@ def _pairs(objs: dict, a: str, b: str, metric: str) -> tuple[list[tuple], list[f
     return units, diffs, unsettled
 
 # %% ../nbs/12_reports.ipynb #0a59cecc
+def _holm_across_tasks(rows: list[dict], p: str, adjusted: str) -> list[dict]:
+    "Holm-adjust `p` within each family (cell, posterior, K, comparison, metric): one test per task, written to `adjusted`."
+    families = {}
+    for i, r in enumerate(rows): families.setdefault((r["cell"], r["posterior"], r["K"], r["comparison"], r["metric"]), []).append(i)
+    for members in families.values():
+        for i, q in zip(members, holm([rows[i][p] for i in members])): rows[i][adjusted] = q
+    return rows
+
 def paired_statistics(records: list[dict],                 # one metrics record per run
                       metrics: tuple[str, ...] = PAIRED_METRICS,  # the metrics compared
                      ) -> list[dict]:                      # a row per (task, cell, comparison, metric), Holm across tasks
@@ -240,11 +248,7 @@ def paired_statistics(records: list[dict],                 # one metrics record 
                 rows.append({"regime": regime, "cell": cell, "posterior": posterior, "K": K, "comparison": f"{a} - {b}", "metric": m,
                              **paired_difference(diffs), "unsettled_left_out": unsettled,
                              "seeds": " ".join(str(s) if one_base else f"{base}:{s}" for base, s in units)})
-    families = {}
-    for i, r in enumerate(rows): families.setdefault((r["cell"], r["posterior"], r["K"], r["comparison"], r["metric"]), []).append(i)
-    for members in families.values():
-        for i, p in zip(members, holm([rows[i]["p"] for i in members])): rows[i]["p_holm"] = p
-    return rows
+    return _holm_across_tasks(rows, "p", "p_holm")
 
 def success_counts(records: list[dict],  # one metrics record per run
                   ) -> list[dict]:      # a row per (task, cell, posterior, K, arm): success share, count, Wilson interval, unsettled runs
@@ -281,11 +285,7 @@ def base_contrasts(records: list[dict],                        # one metrics rec
                              "sign_flip_p": sign_flip_pvalue(diffs) if len(diffs) <= 20 else float("nan"),
                              "var_base": vc.get("var_base", float("nan")), "var_seed": vc.get("var_seed", float("nan")),
                              "base_means": " ".join(f"{k}:{sum(v) / len(v):+.4f}" for k, v in by_base.items()), "unsettled_left_out": unsettled})
-    families = {}
-    for i, r in enumerate(rows): families.setdefault((r["cell"], r["posterior"], r["K"], r["comparison"], r["metric"]), []).append(i)
-    for members in families.values():
-        for i, p in zip(members, holm([rows[i]["across_p"] for i in members])): rows[i]["across_p_holm"] = p
-    return rows
+    return _holm_across_tasks(rows, "across_p", "across_p_holm")
 
 # %% ../nbs/12_reports.ipynb #51897a1c
 def metric_components(records: list[dict],                        # one metrics record per run
