@@ -481,9 +481,14 @@ TRAIN = "import sys; from basedirected.cli import train_main; sys.exit(train_mai
 LONG_BASE = [*TINY[:TINY.index("--base-steps")], "--base-steps", "200000", *TINY[TINY.index("--base-steps") + 2:]]  # busy for minutes
 
 
+def _default_sigint():
+    "In the child before exec: Ctrl-C's default action, which a shell's background job (`cmd &`) would otherwise hand down as ignored."
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(run_dir, *extra):
     return subprocess.Popen([sys.executable, "-c", TRAIN, "--run-dir", str(run_dir), *LONG_BASE, *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
 
 
 def _held_elsewhere(path):
@@ -761,7 +766,8 @@ def _exit_code(f):
 def test_ctrl_c_in_a_sweep_is_one_line(tmp_path):
     out = tmp_path / "sweep"
     p = subprocess.Popen([sys.executable, "-c", "import sys; from basedirected.repro import repro_main; sys.exit(repro_main(sys.argv[1:]))",
-                          "--preset", "smoke", "--out", str(out), "--quiet", "--jobs", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          "--preset", "smoke", "--out", str(out), "--quiet", "--jobs", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_default_sigint)
     _wait_until(lambda: (out / "preset.json").exists(), p)
     time.sleep(0.5)
     p.send_signal(signal.SIGINT)
