@@ -20,13 +20,14 @@ import torch
 from .experiments import (PRESETS, Preset, RunSpec, check_base_gate, check_sweep_dir, clear_held_cells, finished, finished_record, plan,
                                       prepare_shared_base, record_preset, run_pack, selected_bases, skipped_cells, SweepDir)
 from .groups import pack_groups
+from .reports import read_records
 from .model import ModelConfig
 from .runs import RunDir, atomic_write_json, check_writable, read_json
 
 # %% auto #0
-__all__ = ['EXECUTORS', 'CLUSTERS', 'ClusterConfig', 'PackJob', 'preset_from_record', 'collect', 'ClusterError',
-           'resolve_cluster', 'job_resources', 'make_executor', 'unfinished_packs', 'record_jobs', 'job_failure',
-           'watch_jobs', 'submit_sweep']
+__all__ = ['EXECUTORS', 'CLUSTERS', 'ClusterConfig', 'PackJob', 'preset_from_record', 'earlier_collection', 'collect',
+           'ClusterError', 'resolve_cluster', 'job_resources', 'make_executor', 'unfinished_packs', 'record_jobs',
+           'job_failure', 'watch_jobs', 'submit_sweep']
 
 # %% ../nbs/11a_cluster.ipynb #49dcb7c0
 EXECUTORS = ("pool", "submitit")
@@ -120,15 +121,36 @@ def preset_from_record(out: Path,  # a sweep directory, holding its preset.json
     return preset
 
 # %% ../nbs/11a_cluster.ipynb #9d023fbd
+def earlier_collection(out: Path,      # the sweep's output directory
+                       preset: Preset,  # its preset
+                       earlier: Path,   # an earlier collection of it (a sweep directory, or its reference copy): results.csv, positions.csv, base_gates.json, preset.json
+                      ) -> tuple[dict, dict]:  # its records by key, its base gates by directory name
+    "An earlier collection's records and base gates, checked against the sweep in `out`: the same preset, and every base both hold with the same gate, figure for figure (a base trained again from its seed is the base the earlier cells adapted from only if it is bit for bit the same)."
+    earlier = Path(earlier)
+    theirs = preset_from_record(earlier)
+    if theirs != preset:
+        differ = [f.name for f in dataclasses.fields(Preset) if getattr(theirs, f.name) != getattr(preset, f.name)]
+        raise ValueError(f"{earlier} is a collection of preset {theirs.name}, the sweep in {out} of preset {preset.name}: they differ in {', '.join(differ)}, so their cells cannot be merged")
+    gates = read_json(earlier / "base_gates.json") if (earlier / "base_gates.json").is_file() else {}
+    for path in sorted(SweepDir(out).bases.glob("*/base_gate.json")):
+        name = path.parent.name
+        if name in gates and json.dumps(read_json(path), sort_keys=True) != json.dumps(gates[name], sort_keys=True):
+            raise ValueError(f"the base {name} in {out} is not the one the cells of {earlier} adapted from (their gates differ: another machine's round-off "
+                             "or another revision trained it); the two sweeps' cells cannot be merged")
+    return {r["key"]: r for r in read_records(earlier)}, gates
+
 def collect(out: Path,                    # the sweep's output directory
             preset: Preset | None = None,  # its preset (None: read from OUT/preset.json)
+            earlier: Path | None = None,   # an earlier collection of the same preset whose cells fill those `out` lacks (`earlier_collection`)
            ) -> tuple[list[dict], list[str]]:  # the finished cells' metrics records, the missing cells' keys
-    "The metrics of every finished cell of the sweep in `out` (in plan order) and the keys of the cells that are missing (a cell its preset skips is neither: `skipped_cells`)."
+    "The metrics of every finished cell of the sweep in `out` (in plan order), or of `earlier` where `out` lacks it, and the keys of the cells that are missing (a cell its preset skips is neither: `skipped_cells`)."
     preset = preset or preset_from_record(out)
-    records, missing, skipped = [], [], skipped_cells(out, preset)
+    before, gates = earlier_collection(out, preset, earlier) if earlier is not None else ({}, {})
+    records, missing, skipped = [], [], skipped_cells(out, preset, gates)
     for s in plan(preset):
         if s.key in skipped: continue
         if (record := finished_record(out, s)) is not None: records.append(record)  # the sweep's own record (its key), its checkpoint readable
+        elif s.key in before: records.append(before[s.key])
         else: missing.append(s.key)
     return records, missing
 

@@ -360,12 +360,13 @@ def selected_bases(preset: Preset, specs: list[RunSpec],
 
 def skipped_cells(out: Path,       # the sweep's directory
                   preset: Preset,  # its preset (failed_bases, bases_needed)
+                  elsewhere: dict | None = None,  # base directory name -> gate, of bases gated elsewhere (an earlier collection's `base_gates.json`)
                  ) -> dict[str, str]:  # cell key -> why it is not run
-    "The cells a `failed_bases='skip'` preset does not run, decided from the gates already written: those of a base that fails the gate, or that `bases_needed` did not need."
+    "The cells a `failed_bases='skip'` preset does not run, decided from the gates already written (here, or `elsewhere`): those of a base that fails the gate, or that `bases_needed` did not need."
     if preset.failed_bases != "skip": return {}
     out, specs = Path(out), plan(preset)
     files = {(s.regime, s.config.data_seed): base_dir(out, s.regime, s.config.data_seed) / "base_gate.json" for s in specs}
-    gates = {k: read_json(f) for k, f in files.items() if f.is_file()}
+    gates = {k: read_json(f) if f.is_file() else (elsewhere or {})[f.parent.name] for k, f in files.items() if f.is_file() or f.parent.name in (elsewhere or {})}
     decision, _ = select_bases(preset, specs, gates)
     why = lambda k: (f"its base ({k[0]}, data seed {k[1]}) fails the quality gate: {'; '.join(gate_failures(gates[k]))}" if k in gates and not gates[k]["passes"]
                      else f"its base ({k[0]}, data seed {k[1]}) is not needed: {preset.bases_needed} bases of {k[0]} passed the gate before it")

@@ -23,8 +23,8 @@ from .weights import reference_weights
 
 # %% auto #0
 __all__ = ['TABLE_METRICS', 'GROUP_BY', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'PAIRED_METRICS', 'SUCCESS', 'CURVE_TERMS',
-           'aggregate', 'markdown_table', 'contrasts_markdown', 'stats_markdown', 'write_results', 'holm',
-           'paired_difference', 'paired_statistics', 'success_counts', 'base_contrasts', 'metric_components',
+           'aggregate', 'markdown_table', 'contrasts_markdown', 'stats_markdown', 'write_results', 'read_records',
+           'holm', 'paired_difference', 'paired_statistics', 'success_counts', 'base_contrasts', 'metric_components',
            'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse', 'figure_alignment', 'figure_escape',
            'figure_curves', 'figure_gain_per_position', 'figure_weights', 'figure_paired', 'write_figures',
            'write_base_gates', 'write_curves', 'write_reports']
@@ -163,6 +163,30 @@ def write_results(out: Path,             # the sweep's output directory
         atomic_write_bytes(out / "contrasts.md", contrasts_markdown(contrasts).encode())
         components = metric_components(records)
         atomic_write_bytes(out / "variance.csv", _csv_bytes(components, list(components[0]) if components else ["regime"]))
+
+# %% ../nbs/12_reports.ipynb #c5881fee
+def _restored(v: str):
+    "A `results.csv` cell as its record held it: empty is no value, 'True'/'False' a flag, digits an integer, else a float or the text."
+    if v == "": return None
+    if v in ("True", "False"): return v == "True"
+    if v.lstrip("-").isdigit(): return int(v)
+    try: return float(v)
+    except ValueError: return v
+
+def read_records(out: Path,         # a collected sweep's directory (or its reference copy)
+                ) -> list[dict]:    # one record per run, in the file's order
+    "A collection's records as its cells' `metrics.json` held them, as far as its files keep them: every scalar of `results.csv` (a value the run did not have is no key) and `gain_per_position` from `positions.csv`."
+    out = Path(out)
+    if not (out / "results.csv").is_file(): raise FileNotFoundError(f"{out / 'results.csv'} not found: {out} holds no collected sweep")
+    with open(out / "results.csv", newline="") as f:
+        records = [{k: x for k, v in row.items() if (x := _restored(v)) is not None} for row in csv.DictReader(f)]
+    gains = {}
+    if (out / "positions.csv").is_file():
+        with open(out / "positions.csv", newline="") as f:
+            for row in csv.DictReader(f): gains.setdefault(row["key"], []).append((int(row["position"]), float(row["gain"])))
+    for r in records:
+        if r.get("key") in gains: r["gain_per_position"] = [g for _, g in sorted(gains[r["key"]])]
+    return records
 
 # %% ../nbs/12_reports.ipynb #9b2d5b54
 PAIRED_METRICS = ("gen_alignment_controlled_all_excess", "I_zs_norm", "I_zs_given_x_norm", "gain_z", "drift", "gen_answer_rate")
@@ -467,8 +491,7 @@ def figure_gain_per_position(out: Path,               # the sweep's output direc
                              regime: str = "early"):  # the task whose runs are drawn
     "Information gain $b_t - \\ell_t$ per response position, per arm, at its cell of smallest τ: every run a thin line, the mean over them a thick one."
     import matplotlib.pyplot as plt
-    recs = [read_json(rd.metrics) for rd in run_dirs(out) if rd.metrics.exists()]
-    recs = [r for r in recs if r.get("key") is not None and r.get("regime") == regime and r.get("gain_per_position")]  # the sweep's own records
+    recs = [r for r in read_records(out) if r.get("regime") == regime and r.get("gain_per_position")]  # results.csv and positions.csv: a merged collection's runs too
     fig, ax = plt.subplots(figsize=(6, 3.2))
     for i, (lab, cells) in enumerate(_runs_by_label(recs).items()):
         rs = next(iter(cells.values()))  # the cell of smallest mean tau
@@ -547,27 +570,36 @@ def write_figures(out: Path,  # the sweep's output directory (figures go to OUT/
     for regime in sorted({r["regime"] for r in rows}):
         plt.close(figure_gain_per_position(out, regime))
         if any(r["regime"] == regime and r.get("objective") == "theta" and r.get("latent") == "discrete" for r in rows): plt.close(figure_paired(out, regime))
-    plt.close(figure_curves(out))
-    plt.close(figure_weights(out, regime=rows[0]["regime"], seed=int(rows[0]["seed"])))
+    if run_dirs(out): plt.close(figure_curves(out))  # a collection merged from an earlier one may have no run directory here
+    here = [r for r in rows if SweepDir(out).run(r["key"]).config.is_file()]  # an earlier collection's cells have no run directory here
+    if here: plt.close(figure_weights(out, regime=here[0]["regime"], seed=int(here[0]["seed"])))
 
 # %% ../nbs/12_reports.ipynb #f60e7457
-def write_base_gates(out: Path,  # the sweep's output directory
+def write_base_gates(out: Path,              # the sweep's output directory
+                     earlier: Path | None = None,  # an earlier collection whose cells the records include (`collect(..., earlier=)`): its gates too
                     ) -> dict:  # each shared base's gate report, by directory name
-    "`base_gates.json`: the quality gate of every shared base of the sweep (`bases/<task>-s<seed>/base_gate.json`), by directory name."
+    "`base_gates.json`: the quality gate of every shared base of the sweep (`bases/<task>-s<seed>/base_gate.json`), by directory name, and those of `earlier`'s `base_gates.json`."
     d = SweepDir(out).bases
-    gates = {p.name: read_json(p / "base_gate.json") for p in sorted(d.iterdir()) if (p / "base_gate.json").is_file()} if d.is_dir() else {}
+    gates = read_json(Path(earlier) / "base_gates.json") if earlier is not None else {}
+    if d.is_dir(): gates.update({p.name: read_json(p / "base_gate.json") for p in d.iterdir() if (p / "base_gate.json").is_file()})
+    gates = dict(sorted(gates.items()))
     atomic_write_json(Path(out) / "base_gates.json", gates)
     return gates
 
 # %% ../nbs/12_reports.ipynb #ba097cee
 def write_curves(out: Path,             # the sweep's output directory
                  records: list[dict],   # the finished cells' metrics records (their keys name their run directories)
+                 earlier: Path | None = None,  # an earlier collection: a record with no run directory here takes its rows from earlier's curves.csv
                 ) -> list[dict]:        # one row per held-out evaluation
     """`curves.csv`: every finished cell's held-out rate, loss and reconstruction at each evaluation of its training (how fast $z$ escaped,
     run by run) and what its codes meant then (the posterior alignment and $I(z;s)/H(s)$, where the log has them), with the training steps
     since the evaluation before: their mean gradient norm and the share of them clipped."""
-    rows = []
+    rows, before = [], {}
+    if earlier is not None:
+        with open(Path(earlier) / "curves.csv", newline="") as f:
+            for c in csv.DictReader(f): before.setdefault(c["key"], []).append(c)
     for r in records:
+        if not SweepDir(out).run(r["key"]).log.is_file() and r["key"] in before: rows += before[r["key"]]; continue  # as the earlier collection wrote them
         clip, norms = r.get("grad_clip") or TrainConfig().grad_clip, []
         for e in read_log(SweepDir(out).run(r["key"]).log):
             if e.get("split") == "train" and "grad_norm" in e: norms.append(e["grad_norm"])
@@ -584,11 +616,12 @@ def write_curves(out: Path,             # the sweep's output directory
 def write_reports(out: Path,            # the sweep's output directory
                   records: list[dict],  # the finished cells' metrics records
                   summary: dict,        # what ran (preset, executor, wall time, missing cells): summary.json's fields
+                  earlier: Path | None = None,  # an earlier collection of the same preset whose cells `records` include (`collect(..., earlier=)`)
                  ) -> None:
     "Tables, base gates, escape curves, gains per position and `summary.json` of a sweep's finished `records`, then its figures (last: a figure that fails loses nothing)."
     write_results(out, records)
-    write_base_gates(out)
-    write_curves(out, records)
+    write_base_gates(out, earlier)
+    write_curves(out, records, earlier)
     # the gain per response position of every run (its list is no column of results.csv): per-run figures from the reference files alone
     atomic_write_bytes(out / "positions.csv", _csv_bytes([{"key": r["key"], "position": t + 1, "gain": g} for r in records for t, g in enumerate(r.get("gain_per_position") or [])],
                                                          ["key", "position", "gain"]))

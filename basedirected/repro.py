@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from .cli import OneLineParser, add_dataclass_options, dataclass_from_args
-from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, submit_sweep
-from .experiments import PRESETS, SweepDir, execute
+from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, preset_from_record, submit_sweep
+from .experiments import PRESETS, SweepDir, execute, finished, plan
 from .reports import write_reports
 from .runs import environment_record, read_json, resolve_device
 from .train import NonFiniteError
@@ -33,8 +33,14 @@ def _missing_message(out: Path, missing: list[str]) -> str:
 def _run_sweep(a, out: Path, cluster: ClusterConfig, jobs: int, group_size: int) -> tuple[list[dict], list[str], dict | None]:
     "The finished records, the missing cells and the summary of what `repro_main` was asked to do (`--collect`, submitit or the pool)."
     if a.collect:
-        records, missing = collect(out)
-        return records, missing, {"preset": read_json(SweepDir(out).preset)["preset"]["name"], "collected": True}
+        earlier = Path(a.earlier) if a.earlier else None
+        records, missing = collect(out, earlier=earlier)
+        summary = {"preset": read_json(SweepDir(out).preset)["preset"]["name"], "collected": True}
+        if earlier is not None:  # which cells came from where, and the revision each collection was made at
+            here = {s.key for s in plan(preset_from_record(out)) if finished(out, s)}
+            summary["earlier"] = {"path": str(earlier), "cells": sum(r["key"] not in here for r in records),
+                                  "environment": read_json(earlier / "summary.json").get("environment") if (earlier / "summary.json").is_file() else None}
+        return records, missing, summary
     preset = PRESETS[a.preset]
     if cluster.executor == "submitit":
         report = submit_sweep(out, preset, cluster, device=a.device, force=a.force, group_size=group_size, compile=a.compile, progress=not a.quiet)
@@ -74,6 +80,9 @@ def repro_parser() -> OneLineParser:
     p.add_argument("--out", default=None, help="output directory (default runs/repro-<preset>)")
     p.add_argument("--collect", action="store_true", help="train nothing: build the tables and figures of the sweep in --out from the cells "
                    "that have finished (its preset is read from OUT/preset.json), and name the cells that are missing")
+    p.add_argument("--earlier", default=None, metavar="DIR", help="with --collect: an earlier collection of the same preset (its results.csv, curves.csv, "
+                   "positions.csv, base_gates.json and preset.json, as in reference/<preset>/) whose cells fill those OUT lacks; refused if the presets "
+                   "differ or a base both hold has another gate")
     p.add_argument("--jobs", type=int, default=None, help="--executor pool: parallel worker processes, one run each (default: one per CPU core, at most 8)")
     p.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
     p.add_argument("--force", action="store_true", help="rerun finished runs instead of skipping them")
@@ -108,6 +117,8 @@ def repro_main(argv: list[str] | None = None,  # command-line arguments (None: t
     elif a.group_size.isdigit() and int(a.group_size) >= 1: group_size = int(a.group_size)
     else: p.error(f"--group-size must be 'auto' or an integer >= 1, got {a.group_size!r}")
     if a.collect and a.out is None: p.error("--collect needs --out, the sweep's directory")
+    if a.earlier is not None and not a.collect: p.error("--earlier is an option of --collect (it merges an earlier collection's cells into the tables)")
+    if a.earlier is not None and not (Path(a.earlier) / "results.csv").is_file(): p.error(f"--earlier {a.earlier}: no results.csv there (it must be a collected sweep)")
     out = Path(a.out or f"runs/repro-{a.preset}")
     if out.exists() and not out.is_dir(): p.error(f"--out {out} is a file, not a directory")
     if not a.collect:  # a directory the sweep can write, or one line saying why not, before any work
@@ -123,7 +134,7 @@ def repro_main(argv: list[str] | None = None,  # command-line arguments (None: t
         p.exit(130, f"basedirected-repro: interrupted; finished cells are kept and a rerun of the same command resumes the others\n")
     if summary is None: return 0  # submitted without waiting
     wall = time.perf_counter() - t0
-    if records: write_reports(out, records, {**summary, "wall_seconds": wall, "missing": missing})
+    if records: write_reports(out, records, {**summary, "wall_seconds": wall, "missing": missing}, Path(a.earlier) if a.collect and a.earlier else None)
     else: print(f"no cell of the sweep in {out} has finished yet")
     if records: print((out / "table.md").read_text())
     env = environment_record(0)

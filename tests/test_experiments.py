@@ -3,6 +3,7 @@ the main-job CLI, and the agreement of sweep cells with the training CLI."""
 import csv
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -221,3 +222,28 @@ def test_the_paper_preset_on_one_gpu_never_plans_past_its_memory():
         done = [k for k, _ in run_placed(needs, DevicePlacer([budget]), lambda k, d: pool.submit(train, k), jobs=8)]
     assert sorted(done) == list(range(len(packs)))
     assert worst[0] <= budget + 1e-9 and worst[0] > max(needs)  # within the budget, and more than one pack at a time
+
+
+def test_a_sweep_finished_in_a_new_directory_merges_with_its_earlier_collection(smoke_dir, tmp_path, capsys):
+    "Half the cells' run directories lost (a new machine): the rest collected with --earlier gives the earlier collection's tables byte for byte."
+    import shutil
+    reference, again = tmp_path / "reference", tmp_path / "again"
+    reference.mkdir()
+    for name in ("results.csv", "curves.csv", "positions.csv", "base_gates.json", "preset.json", "summary.json", "table.csv", "stats.csv", "success.csv"):
+        shutil.copy(smoke_dir / name, reference / name)
+    keys = [s.key for s in plan(PRESETS["smoke"])]
+    kept = keys[: len(keys) // 2]
+    for name in ("bases", "preset.json"): (shutil.copytree if name == "bases" else shutil.copy)(smoke_dir / name, again / name)
+    for k in kept: shutil.copytree(smoke_dir / "runs" / k, again / "runs" / k)
+    assert repro_main(["--collect", "--out", str(again), "--earlier", str(reference), "--quiet"]) == 0
+    rows = lambda d: list(csv.DictReader(open(d / "results.csv")))
+    assert rows(again) == rows(reference)  # every figure of every run (the columns in another order: a collection reads metrics.json, sorted)
+    for name in ("curves.csv", "positions.csv", "base_gates.json", "table.csv", "stats.csv", "success.csv"):
+        assert (again / name).read_bytes() == (reference / name).read_bytes(), name  # one machine: the same bytes
+    summary = json.loads((again / "summary.json").read_text())
+    assert summary["earlier"]["cells"] == len(keys) - len(kept) and summary["missing"] == []
+    gates = json.loads((reference / "base_gates.json").read_text())
+    name = next(iter(gates)); gates[name]["surprisal_per_token"] = math.nextafter(gates[name]["surprisal_per_token"], math.inf)  # one ulp: another machine's base
+    (reference / "base_gates.json").write_text(json.dumps(gates))
+    with pytest.raises(SystemExit) as e: repro_main(["--collect", "--out", str(again), "--earlier", str(reference), "--quiet"])
+    assert e.value.code == 2 and "cannot be merged" in capsys.readouterr().err
