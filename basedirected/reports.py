@@ -15,6 +15,7 @@ import torch
 
 from .base import SurprisalCache
 from .cvae import CVAEConfig
+from .cluster import read_records
 from .comparisons import across_base_interval, sign_flip_pvalue, variance_components, within_base_interval
 from .experiments import SweepDir
 from .reconstruction import TERM_NAMES
@@ -23,8 +24,8 @@ from .weights import reference_weights
 
 # %% auto #0
 __all__ = ['TABLE_METRICS', 'GROUP_BY', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'PAIRED_METRICS', 'SUCCESS', 'CURVE_TERMS',
-           'aggregate', 'markdown_table', 'contrasts_markdown', 'stats_markdown', 'write_results', 'read_records',
-           'holm', 'paired_difference', 'paired_statistics', 'success_counts', 'base_contrasts', 'metric_components',
+           'aggregate', 'markdown_table', 'contrasts_markdown', 'stats_markdown', 'write_results', 'holm',
+           'paired_difference', 'paired_statistics', 'success_counts', 'base_contrasts', 'metric_components',
            'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse', 'figure_alignment', 'figure_escape',
            'figure_curves', 'figure_gain_per_position', 'figure_weights', 'figure_paired', 'write_figures',
            'write_base_gates', 'write_curves', 'write_reports']
@@ -163,30 +164,6 @@ def write_results(out: Path,             # the sweep's output directory
         atomic_write_bytes(out / "contrasts.md", contrasts_markdown(contrasts).encode())
         components = metric_components(records)
         atomic_write_bytes(out / "variance.csv", _csv_bytes(components, list(components[0]) if components else ["regime"]))
-
-# %% ../nbs/12_reports.ipynb #c5881fee
-def _restored(v: str):
-    "A `results.csv` cell as its record held it: empty is no value, 'True'/'False' a flag, digits an integer, else a float or the text."
-    if v == "": return None
-    if v in ("True", "False"): return v == "True"
-    if v.lstrip("-").isdigit(): return int(v)
-    try: return float(v)
-    except ValueError: return v
-
-def read_records(out: Path,         # a collected sweep's directory (or its reference copy)
-                ) -> list[dict]:    # one record per run, in the file's order
-    "A collection's records as its cells' `metrics.json` held them, as far as its files keep them: every scalar of `results.csv` (a value the run did not have is no key) and `gain_per_position` from `positions.csv`."
-    out = Path(out)
-    if not (out / "results.csv").is_file(): raise FileNotFoundError(f"{out / 'results.csv'} not found: {out} holds no collected sweep")
-    with open(out / "results.csv", newline="") as f:
-        records = [{k: x for k, v in row.items() if (x := _restored(v)) is not None} for row in csv.DictReader(f)]
-    gains = {}
-    if (out / "positions.csv").is_file():
-        with open(out / "positions.csv", newline="") as f:
-            for row in csv.DictReader(f): gains.setdefault(row["key"], []).append((int(row["position"]), float(row["gain"])))
-    for r in records:
-        if r.get("key") in gains: r["gain_per_position"] = [g for _, g in sorted(gains[r["key"]])]
-    return records
 
 # %% ../nbs/12_reports.ipynb #9b2d5b54
 PAIRED_METRICS = ("gen_alignment_controlled_all_excess", "I_zs_norm", "I_zs_given_x_norm", "gain_z", "drift", "gen_answer_rate")
