@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .experiments import (PRESETS, Preset, RunSpec, check_base_gate, check_sweep_dir, clear_held_cells, finished, finished_record, plan,
+from .experiments import (PRESETS, Preset, RunSpec, check_base_gate, check_same_bases, check_sweep_dir, clear_held_cells, finished, finished_record, plan,
                                       prepare_shared_base, record_preset, run_pack, selected_bases, skipped_cells, SweepDir)
 from .groups import pack_groups
 from .model import ModelConfig
@@ -156,11 +156,7 @@ def earlier_collection(out: Path,      # the sweep's output directory
         differ = [f.name for f in dataclasses.fields(Preset) if getattr(theirs, f.name) != getattr(preset, f.name)]
         raise ValueError(f"{earlier} is a collection of preset {theirs.name}, the sweep in {out} of preset {preset.name}: they differ in {', '.join(differ)}, so their cells cannot be merged")
     gates = read_json(earlier / "base_gates.json") if (earlier / "base_gates.json").is_file() else {}
-    for path in sorted(SweepDir(out).bases.glob("*/base_gate.json")):
-        name = path.parent.name
-        if name in gates and json.dumps(read_json(path), sort_keys=True) != json.dumps(gates[name], sort_keys=True):
-            raise ValueError(f"the base {name} in {out} is not the one the cells of {earlier} adapted from (their gates differ: another machine's round-off "
-                             "or another revision trained it); the two sweeps' cells cannot be merged")
+    check_same_bases(out, gates, earlier)
     return {r["key"]: r for r in read_records(earlier)}, gates
 
 def collect(out: Path,                    # the sweep's output directory

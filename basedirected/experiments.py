@@ -5,6 +5,7 @@
 # %% ../nbs/11_experiments.ipynb #525bd934
 from __future__ import annotations
 
+import csv
 import dataclasses
 import itertools
 import json
@@ -24,7 +25,7 @@ from .base import FrozenReference, gate_failures
 from .model import ModelConfig
 from .objective import OBJECTIVE_NAMES, objectives
 from .runs import (RunConfig, RunDir, atomic_write_bytes, atomic_write_json, check_writable, environment_record, exclusive_run_dir,
-                               file_lock, load_checkpoint, prepare_base,
+                               file_lock, load_base, load_checkpoint, prepare_base,
                                prepare_gate, prepare_reference_scale, prepare_run, read_json, remove_temporaries, resolve_config, resolve_device, run_vocab, write_command)
 from .tasks import Task, make_splits
 from .cli import command_argv
@@ -32,12 +33,13 @@ from .train import BaseGateError, complete, train_run
 from .groups import pack_groups, train_group
 
 # %% auto #0
-__all__ = ['PRESETS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVATION', 'CUDA_CONTEXT_GIB', 'Preset', 'RunSpec',
-           'cell_overrides', 'plan', 'plan_cost', 'SweepDir', 'base_dir', 'lock_path', 'prepare_shared_base',
+__all__ = ['PRESETS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVATION', 'CUDA_CONTEXT_GIB', 'BASE_FILES', 'Preset',
+           'RunSpec', 'cell_overrides', 'plan', 'plan_cost', 'SweepDir', 'base_dir', 'lock_path', 'prepare_shared_base',
            'check_base_gate', 'select_bases', 'selected_bases', 'skipped_cells', 'clear_cells', 'finished_record',
            'finished', 'check_sweep_dir', 'record_preset', 'cell_locks', 'clear_held_cells', 'run_cell',
            'run_group_cells', 'run_pack', 'die_with_parent', 'pack_memory_gib', 'DevicePlacer', 'cuda_budgets_gib',
-           'run_placed', 'execute']
+           'run_placed', 'copy_bases', 'seed_bases', 'earlier_cells', 'check_same_bases', 'check_earlier_bases',
+           'execute']
 
 # %% ../nbs/11_experiments.ipynb #7ef9c87a
 @dataclass(frozen=True)
@@ -350,9 +352,10 @@ def select_bases(preset: Preset,       # the sweep (its gate policy and bases_ne
 
 def selected_bases(preset: Preset, specs: list[RunSpec],
                    prepare,              # prepare(keys) -> their gates, training the bases that are missing (in parallel where it can)
+                   known: dict | None = None,  # (task, data seed) -> gate, of bases gated elsewhere (an earlier collection's): never prepared here
                   ) -> dict:             # (task, data seed) -> whether its cells run
     "Prepare bases until `select_bases` has decided every one (a later candidate only once an earlier one failed its gate)."
-    gates = {}
+    gates = dict(known or {})
     while True:
         decision, wanted = select_bases(preset, specs, gates)
         if not wanted: return decision
@@ -600,6 +603,77 @@ def run_placed(needs: list[float],     # each pack's memory estimate, GiB, in th
             k, device = running.pop(f); placer.give(device, needs[k])
             yield k, f
 
+# %% ../nbs/11_experiments.ipynb #12569a88
+BASE_FILES = ("reference_scale.json", "base_gate.json", "base.pt")  # a shared base: its c_theta, its gate and the model (last: a copy cut short is no base)
+
+def copy_bases(source: Path,      # a folder of shared bases (a sweep's `bases/`, or a collection's copy of it)
+               dest: Path,        # the folder they go to
+               names: list[str],  # the bases' directory names (<task>-s<seed>)
+              ) -> list[str]:     # the names copied (a base `dest` holds byte for byte is not copied again)
+    "Copy shared bases, each its model, $\\widehat c_\\theta$ and gate (`BASE_FILES`); refused (`ValueError`, nothing copied) where `source` lacks one or `dest` holds another base of the same name."
+    source, dest = Path(source), Path(dest)
+    for n in names:
+        if not (source / n / "base.pt").is_file(): raise ValueError(f"{source / n} holds no base.pt")
+        there = dest / n / "base.pt"
+        if there.is_file() and there.read_bytes() != (source / n / "base.pt").read_bytes():
+            raise ValueError(f"{dest / n} already holds another base than {source / n}; move it away or use a new directory")
+    copied = []
+    for n in names:
+        fresh = not (dest / n / "base.pt").is_file()
+        (dest / n).mkdir(parents=True, exist_ok=True)
+        for f in BASE_FILES:
+            if (source / n / f).is_file() and not (dest / n / f).is_file(): atomic_write_bytes(dest / n / f, (source / n / f).read_bytes())
+        if fresh: copied.append(n)
+    return copied
+
+def seed_bases(out: Path,       # the sweep's directory
+               preset: Preset,  # its preset
+               source: Path,    # a folder of shared bases (`--bases`): a sweep's `bases/`, or a collection's (`reference/<preset>/bases`)
+              ) -> list[str]:   # the bases copied into OUT/bases
+    "Seed a sweep with the bases in `source` that its cells adapt from, so that they adapt from those very bases; refused (`ValueError`) where one was made for another recipe than the preset's, or `source` holds none of them."
+    source = Path(source)
+    if not source.is_dir(): raise ValueError(f"--bases {source}: no such directory")
+    wanted = {base_dir(out, s.regime, s.config.data_seed).name: s.config for s in plan(preset)}
+    names = sorted(n for n in wanted if (source / n / "base.pt").is_file())
+    if not names: raise ValueError(f"--bases {source} holds none of the bases preset {preset.name} adapts from ({', '.join(sorted(wanted))})")
+    for n in names:
+        if load_base(source / n, run_vocab(wanted[n]), wanted[n]) is None:
+            raise ValueError(f"--bases {source}: {n}/base.pt was made for another recipe than preset {preset.name}'s (its base configuration, seed, task or training size differ)")
+    check_writable(Path(out))
+    return copy_bases(source, SweepDir(out).bases, names)
+
+def earlier_cells(earlier: Path,  # an earlier collection of the sweep (a sweep directory, or its reference copy)
+                 ) -> tuple[set[str], dict]:  # its cells' keys, its bases' gates by directory name
+    "The cells an earlier collection holds (the keys of its `results.csv`) and the gates of the bases it prepared (`base_gates.json`)."
+    earlier = Path(earlier)
+    if not (earlier / "results.csv").is_file(): raise ValueError(f"{earlier / 'results.csv'} not found: {earlier} holds no collected sweep")
+    with open(earlier / "results.csv", newline="") as f: keys = {row["key"] for row in csv.DictReader(f)}
+    return keys, read_json(earlier / "base_gates.json") if (earlier / "base_gates.json").is_file() else {}
+
+def check_same_bases(out: Path,    # the sweep's directory
+                     gates: dict,  # an earlier collection's base gates, by directory name
+                     earlier: Path = "the earlier collection",  # where they come from (named in the error)
+                    ) -> None:
+    "Refuse (`ValueError`) a base in `out` that is not the one an earlier collection's cells adapted from: its gate differs from the recorded one, figure for figure."
+    for path in sorted(SweepDir(out).bases.glob("*/base_gate.json")):
+        name = path.parent.name
+        if name in gates and json.dumps(read_json(path), sort_keys=True) != json.dumps(gates[name], sort_keys=True):
+            raise ValueError(f"the base {name} in {out} is not the one the cells of {earlier} adapted from (their gates differ: another machine's round-off "
+                             "or another revision trained it); the two sweeps' cells cannot be merged")
+
+def check_earlier_bases(out: Path,              # the sweep's directory
+                        specs: list[RunSpec],   # the cells left to train
+                        usable: dict,           # (task, data seed) -> whether its cells run (`selected_bases`)
+                        gates: dict,            # an earlier collection's base gates, by directory name
+                       ) -> None:
+    "Before any cell trains: every base a cell left adapts from that the earlier collection gated is here (seeded), and is that base."
+    absent = sorted({d.name for s in specs if usable[(s.regime, s.config.data_seed)]
+                     and (d := base_dir(out, s.regime, s.config.data_seed)).name in gates and not (d / "base.pt").is_file()})
+    if absent: raise ValueError(f"the cells left adapt from {', '.join(absent)}, bases of the earlier collection's cells; seed them with --bases "
+                                "(that collection's bases/): one trained again here from its seed would be another base (round-off)")
+    check_same_bases(out, gates)
+
+
 # %% ../nbs/11_experiments.ipynb #743db029
 def execute(out: Path,              # the sweep's directory
             preset: Preset,
@@ -609,26 +683,32 @@ def execute(out: Path,              # the sweep's directory
             progress: bool = True,  # progress bars
             group_size: int = 1,    # cells of one group_key trained as one group, at most this many
             compile: bool = False,  # compile each group's step
+            earlier: Path | None = None,  # an earlier collection of the preset: its cells are not trained here (`earlier_cells`)
            ) -> list[dict]:         # one metrics record per cell that ran (a skipped base's cells have none), in plan order
-    "Run every cell of `preset` under `out`, packing up to `group_size` cells that share a `group_key` into one trained group; returns one metrics record per run (`skipped_cells` names those a failed base skips)."
+    "Run every cell of `preset` under `out`, packing up to `group_size` cells that share a `group_key` into one trained group; returns one metrics record per run (`skipped_cells` names those a failed base skips). With `earlier`, the cells it holds are left out, and so are the bases it gated that this sweep lacks, which must be seeded (`seed_bases`) where a cell left adapts from them."
     threads = torch.get_num_threads()  # cells run in this process set the preset's thread count; the caller gets its own back
-    try: return _execute(out, preset, jobs, device, force, progress, group_size, compile)
+    try: return _execute(out, preset, jobs, device, force, progress, group_size, compile, earlier)
     finally: torch.set_num_threads(threads)
 
 # %% ../nbs/11_experiments.ipynb #91c8e17a
-def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, progress: bool, group_size: int, compile: bool) -> list[dict]:
+def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, progress: bool, group_size: int, compile: bool,
+             earlier: Path | None = None) -> list[dict]:
     out = Path(out); check_sweep_dir(out)
-    specs = plan(preset)
+    done, before = earlier_cells(earlier) if earlier is not None else (set(), {})
+    every = plan(preset)  # every cell decides which bases are used; those of the earlier collection are not trained here
+    specs = [s for s in every if s.key not in done]
     if force: clear_held_cells(out, specs)
     record_preset(out, preset)
     from tqdm.auto import tqdm
-    shared = {(s.regime, s.config.data_seed): s for s in specs}
+    shared = {(s.regime, s.config.data_seed): s for s in every}
+    known = {k: before[base_dir(out, *k).name] for k in shared if base_dir(out, *k).name in before and not (base_dir(out, *k) / "base.pt").is_file()}
     packs = pack_groups([s.config for s in specs], group_size)
     n_gpu = torch.cuda.device_count() if device == "auto" else 0
     devices = [f"cuda:{i % n_gpu}" if n_gpu else device for i in range(len(packs))]
     records = {}
     if jobs <= 1:
-        usable = selected_bases(preset, specs, lambda keys: [prepare_shared_base(out, shared[k], device) for k in tqdm(keys, desc="base models", disable=not progress)])
+        usable = selected_bases(preset, every, lambda keys: [prepare_shared_base(out, shared[k], device) for k in tqdm(keys, desc="base models", disable=not progress)], known)
+        check_earlier_bases(out, specs, usable, before)
         bar = tqdm(total=len(specs), desc="runs", disable=not progress)
         for pack, dev in zip(packs, devices):
             if not usable[(specs[pack[0]].regime, specs[pack[0]].config.data_seed)]: bar.update(len(pack)); continue
@@ -641,7 +721,8 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
                 order = sorted(keys, key=lambda k: -shared[k].config.base.steps)
                 futures = {k: pool.submit(prepare_shared_base, out, shared[k], devices[i % len(devices)]) for i, k in enumerate(order)}
                 return [futures[k].result() for k in keys]
-            usable = selected_bases(preset, specs, prepare)  # every base gated (and a failed one replaced, with bases_needed) before any run
+            usable = selected_bases(preset, every, prepare, known)  # every base gated (and a failed one replaced, with bases_needed) before any run
+            check_earlier_bases(out, specs, usable, before)
             bar = tqdm(total=len(specs), desc="runs", disable=not progress)
             ready = lambda pack: all(usable[(specs[i].regime, specs[i].config.data_seed)] for i in pack)
             def skipped():  # a pack of a skipped base: done at once, with no record

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from .cli import OneLineParser, add_dataclass_options, dataclass_from_args
-from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, preset_from_record, submit_sweep
-from .experiments import PRESETS, SweepDir, execute, finished, plan
+from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, earlier_collection, preset_from_record, submit_sweep
+from .experiments import PRESETS, SweepDir, execute, finished, plan, seed_bases
 from .reports import write_reports
 from .runs import environment_record, read_json, resolve_device
 from .train import NonFiniteError
@@ -30,26 +30,34 @@ def _missing_message(out: Path, missing: list[str]) -> str:
     return f"{len(missing)} cells missing:\n" + "\n".join(lines)
 
 # %% ../nbs/12b_repro.ipynb #d7324ad5
+def _earlier_summary(out: Path, preset, records: list[dict], earlier: Path) -> dict:
+    "Which cells of `records` came from the earlier collection, and the revision and machine it was made on."
+    here = {s.key for s in plan(preset) if finished(out, s)}
+    return {"path": str(earlier), "cells": sum(r["key"] not in here for r in records),
+            "environment": read_json(earlier / "summary.json").get("environment") if (earlier / "summary.json").is_file() else None}
+
 def _run_sweep(a, out: Path, cluster: ClusterConfig, jobs: int, group_size: int) -> tuple[list[dict], list[str], dict | None]:
     "The finished records, the missing cells and the summary of what `repro_main` was asked to do (`--collect`, submitit or the pool)."
+    earlier = Path(a.earlier) if a.earlier else None
     if a.collect:
-        earlier = Path(a.earlier) if a.earlier else None
         records, missing = collect(out, earlier=earlier)
         summary = {"preset": read_json(SweepDir(out).preset)["preset"]["name"], "collected": True}
-        if earlier is not None:  # which cells came from where, and the revision each collection was made at
-            here = {s.key for s in plan(preset_from_record(out)) if finished(out, s)}
-            summary["earlier"] = {"path": str(earlier), "cells": sum(r["key"] not in here for r in records),
-                                  "environment": read_json(earlier / "summary.json").get("environment") if (earlier / "summary.json").is_file() else None}
+        if earlier is not None: summary["earlier"] = _earlier_summary(out, preset_from_record(out), records, earlier)
         return records, missing, summary
     preset = PRESETS[a.preset]
+    if a.bases is not None: print(f"bases seeded from {a.bases}: {', '.join(seed_bases(out, preset, Path(a.bases))) or 'every one was here already'}")
+    if earlier is not None: earlier_collection(out, preset, earlier)  # the same preset, and no other base here, before anything trains
     if cluster.executor == "submitit":
         report = submit_sweep(out, preset, cluster, device=a.device, force=a.force, group_size=group_size, compile=a.compile, progress=not a.quiet)
         if cluster.no_wait: return [], report["missing"], None
         records, missing = collect(out, preset)
         return records, missing, {"preset": a.preset, "executor": "submitit", "cluster": report["cluster"], "jobs_submitted": report["submitted"],
                                   "jobs_failed": len(report["failed"]), "group_size": group_size, "compiled": a.compile}
-    records = execute(out, preset, jobs=jobs, device=a.device, force=a.force, progress=not a.quiet, group_size=group_size, compile=a.compile)
-    return records, [], {"preset": a.preset, "executor": "pool", "jobs": jobs, "group_size": group_size, "compiled": a.compile}
+    records = execute(out, preset, jobs=jobs, device=a.device, force=a.force, progress=not a.quiet, group_size=group_size, compile=a.compile, earlier=earlier)
+    summary = {"preset": a.preset, "executor": "pool", "jobs": jobs, "group_size": group_size, "compiled": a.compile}
+    if earlier is None: return records, [], summary
+    records, missing = collect(out, preset, earlier)  # this sitting's cells, and the earlier collection's
+    return records, missing, {**summary, "earlier": _earlier_summary(out, preset, records, earlier)}
 
 # %% ../nbs/12b_repro.ipynb #b7584c66
 def reference_minutes(preset: str,  # a preset's name
@@ -80,9 +88,14 @@ def repro_parser() -> OneLineParser:
     p.add_argument("--out", default=None, help="output directory (default runs/repro-<preset>)")
     p.add_argument("--collect", action="store_true", help="train nothing: build the tables and figures of the sweep in --out from the cells "
                    "that have finished (its preset is read from OUT/preset.json), and name the cells that are missing")
-    p.add_argument("--earlier", default=None, metavar="DIR", help="with --collect: an earlier collection of the same preset (its results.csv, curves.csv, "
-                   "positions.csv, base_gates.json and preset.json, as in reference/<preset>/) whose cells fill those OUT lacks; refused if the presets "
-                   "differ or a base both hold has another gate")
+    p.add_argument("--earlier", default=None, metavar="DIR", help="an earlier collection of the same preset (its results.csv, curves.csv, "
+                   "positions.csv, base_gates.json and preset.json, as in reference/<preset>/): the sweep trains only the cells it lacks (with --bases "
+                   "DIR/bases, so that they adapt from the same bases) and the tables merge its cells; with --collect, train nothing and merge. Refused "
+                   "if the presets differ or a base both hold has another gate")
+    p.add_argument("--bases", default=None, metavar="DIR", help="shared bases to adapt from (a sweep's bases/, or a collection's, as in "
+                   "reference/<preset>/bases/): each one a cell of the preset adapts from is copied into OUT/bases before training, so the cells "
+                   "adapt from those very bases (one trained again from its seed on another machine is another base); refused where one was "
+                   "made for another recipe")
     p.add_argument("--jobs", type=int, default=None, help="--executor pool: parallel worker processes, one run each (default: one per CPU core, at most 8)")
     p.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
     p.add_argument("--force", action="store_true", help="rerun finished runs instead of skipping them")
@@ -117,7 +130,9 @@ def repro_main(argv: list[str] | None = None,  # command-line arguments (None: t
     elif a.group_size.isdigit() and int(a.group_size) >= 1: group_size = int(a.group_size)
     else: p.error(f"--group-size must be 'auto' or an integer >= 1, got {a.group_size!r}")
     if a.collect and a.out is None: p.error("--collect needs --out, the sweep's directory")
-    if a.earlier is not None and not a.collect: p.error("--earlier is an option of --collect (it merges an earlier collection's cells into the tables)")
+    if a.bases is not None and a.collect: p.error("--bases seeds a sweep's bases before it trains; --collect trains nothing")
+    if a.earlier is not None and not a.collect and cluster.executor != "pool":
+        p.error("--earlier trains with --executor pool (a submitted array would train the earlier collection's cells again); collect with --collect --earlier")
     if a.earlier is not None and not (Path(a.earlier) / "results.csv").is_file(): p.error(f"--earlier {a.earlier}: no results.csv there (it must be a collected sweep)")
     out = Path(a.out or f"runs/repro-{a.preset}")
     if out.exists() and not out.is_dir(): p.error(f"--out {out} is a file, not a directory")
@@ -134,7 +149,7 @@ def repro_main(argv: list[str] | None = None,  # command-line arguments (None: t
         p.exit(130, f"basedirected-repro: interrupted; finished cells are kept and a rerun of the same command resumes the others\n")
     if summary is None: return 0  # submitted without waiting
     wall = time.perf_counter() - t0
-    if records: write_reports(out, records, {**summary, "wall_seconds": wall, "missing": missing}, Path(a.earlier) if a.collect and a.earlier else None)
+    if records: write_reports(out, records, {**summary, "wall_seconds": wall, "missing": missing}, Path(a.earlier) if a.earlier else None)
     else: print(f"no cell of the sweep in {out} has finished yet")
     if records: print((out / "table.md").read_text())
     env = environment_record(0)

@@ -247,3 +247,26 @@ def test_a_sweep_finished_in_a_new_directory_merges_with_its_earlier_collection(
     (reference / "base_gates.json").write_text(json.dumps(gates))
     with pytest.raises(SystemExit) as e: repro_main(["--collect", "--out", str(again), "--earlier", str(reference), "--quiet"])
     assert e.value.code == 2 and "cannot be merged" in capsys.readouterr().err
+
+
+def test_a_sweep_continued_in_another_sitting_trains_only_the_cells_its_earlier_collection_lacks(smoke_dir, tmp_path, capsys):
+    "An earlier collection of half the cells, and its bases: the next sitting (--bases, --earlier) trains the other half to the same figures and merges."
+    import shutil
+    keys = [s.key for s in plan(PRESETS["smoke"])]
+    half = set(keys[: len(keys) // 2])
+    earlier, again = tmp_path / "earlier", tmp_path / "again"
+    earlier.mkdir()
+    for name in ("results.csv", "curves.csv", "positions.csv"):  # a collection that holds half the cells
+        with open(smoke_dir / name, newline="") as f: r = csv.DictReader(f); rows, fields = [row for row in r if row["key"] in half], r.fieldnames
+        with open(earlier / name, "w", newline="") as f: w = csv.DictWriter(f, fields, lineterminator="\n"); w.writeheader(); w.writerows(rows)
+    for name in ("base_gates.json", "preset.json", "summary.json"): shutil.copy(smoke_dir / name, earlier / name)
+    argv = ["--preset", "smoke", "--out", str(again), "--quiet", "--jobs", "1", "--earlier", str(earlier)]
+    with pytest.raises(SystemExit) as e: repro_main(argv)  # its bases not seeded: refused before any cell trains
+    assert e.value.code == 2 and "seed them with --bases" in capsys.readouterr().err and not (again / "runs").exists()
+    shutil.copytree(smoke_dir / "bases", earlier / "bases", ignore=shutil.ignore_patterns("*.lock"))
+    assert repro_main(argv + ["--bases", str(earlier / "bases")]) == 0
+    assert sorted(p.name for p in (again / "runs").iterdir()) == sorted(set(keys) - half)  # the earlier cells are not trained again
+    rows = lambda d: sorted((r for r in csv.DictReader(open(d / "results.csv"))), key=lambda r: r["key"])
+    drop = lambda rs: [{k: v for k, v in r.items() if k != "seconds"} for r in rs]
+    assert drop(rows(again)) == drop(rows(smoke_dir))  # one machine, the same bases: every figure of every cell
+    assert json.loads((again / "summary.json").read_text())["earlier"]["cells"] == len(half)
