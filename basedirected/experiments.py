@@ -603,7 +603,7 @@ def run_placed(needs: list[float],     # each pack's memory estimate, GiB, in th
             k, device = running.pop(f); placer.give(device, needs[k])
             yield k, f
 
-# %% ../nbs/11_experiments.ipynb #12569a88
+# %% ../nbs/11_experiments.ipynb #5d783bf9
 BASE_FILES = ("reference_scale.json", "base_gate.json", "base.pt")  # a shared base: its c_theta, its gate and the model (last: a copy cut short is no base)
 
 def copy_bases(source: Path,      # a folder of shared bases (a sweep's `bases/`, or a collection's copy of it)
