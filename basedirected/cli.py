@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from .cvae import CVAEConfig
+from .cvae import COUPLING_READERS, CVAEConfig
 from .objective import BETA_SCHEDULES, OBJECTIVE_NAMES, ORIGINAL_FLAG_ALIASES, objectives
 from .reconstruction import TERM_NAMES
 from .runs import (ADAPT_MODES, LR_SCHEDULES, OPTIMIZERS, HFRunConfig, RunConfig, RunDir, RunInputError, TrainConfig, apply_overrides,
@@ -184,6 +184,7 @@ OBJECTIVE_OPTIONS: tuple[Option, ...] = (  # the latent, the objective and its K
     Option("--code-init-noise", "cvae.code_init_noise", "latent"),
     Option("--router", "cvae.router", "latent", choices=("input", "marginal"), backbones=_TINY),
     Option("--coupling", "cvae.coupling", "latent", backbones=_TINY),
+    Option("--coupling-reader", "cvae.coupling_reader", "latent", choices=COUPLING_READERS, backbones=_TINY),
     Option("--posterior", "cvae.posterior", "latent", choices=("amortized", "exact", "exact+distill"), default=None, type=str,
            note=f"(default: {DEFAULT_RUN['cvae.posterior']}; with --backbone: {CVAEConfig().posterior})"),
     Option("--allow-inert", None, "latent", "allow --K 1, whose discrete latent is inert by construction (a control)", default=False),

@@ -20,14 +20,15 @@ from .surprisal import token_surprisal
 from .tasks import Example, Vocab
 
 # %% auto #0
-__all__ = ['POSTERIORS', 'ROUTERS', 'CVAEConfig', 'CVAEOutput', 'pooled_hidden', 'with_posterior', 'DiscreteCVAE',
-           'ResponseCodeClassifier', 'shared_prefix_code_losses', 'ContinuousCVAE', 'build_cvae', 'cvae_forward',
-           'exact_posterior_logits', 'exact_objective', 'posterior_forward', 'exact_posterior', 'objective_terms',
-           'router_logits']
+__all__ = ['POSTERIORS', 'ROUTERS', 'COUPLING_READERS', 'CVAEConfig', 'CVAEOutput', 'pooled_hidden', 'with_posterior',
+           'DiscreteCVAE', 'ResponseCodeClassifier', 'shared_prefix_code_losses', 'ContinuousCVAE', 'build_cvae',
+           'cvae_forward', 'exact_posterior_logits', 'exact_objective', 'posterior_forward', 'exact_posterior',
+           'objective_terms', 'router_logits']
 
 # %% ../nbs/07_cvae.ipynb #b06353b4
 POSTERIORS = ("amortized", "exact", "exact+distill")
 ROUTERS = ("input", "marginal")  # r(z|x), or one r(z) for every input
+COUPLING_READERS = ("bag", "ordered")  # what c_psi(z|y) reads of the response: its tokens and length, or the tokens in their order
 
 # %% ../nbs/07_cvae.ipynb #49dd4889
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class CVAEConfig:
     coupling: float = 0.0          # discrete, an extension beyond the seeds' objective (off at 0): the term lambda E_q[-log c_psi(z|y)
                                    # + log qbar(z)], minus a lower bound on I(z;y) (c_psi a classifier of the code from the response alone,
                                    # qbar the batch's mean posterior: notebook 07a), with lambda = coupling x the step's KL weight beta
+    coupling_reader: str = "bag"   # with coupling: what c_psi reads of the response, 'bag' (a mean of token and position embeddings:
+                                   # the tokens and the length, not their order) or 'ordered' (each token at its position through a
+                                   # nonlinearity before the mean: the order too)
     def __post_init__(self):
         if self.latent not in ("discrete", "continuous"): raise ValueError(f"latent must be 'discrete' or 'continuous', got {self.latent!r}")
         if self.posterior not in POSTERIORS: raise ValueError(f"posterior must be one of {', '.join(POSTERIORS)}, got {self.posterior!r}")
@@ -53,12 +57,15 @@ class CVAEConfig:
         if not 0 <= self.code_init_noise < float("inf"): raise ValueError(f"code_init_noise must be finite and >= 0, got {self.code_init_noise}")
         if self.router not in ROUTERS: raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
         if not 0 <= self.coupling < float("inf"): raise ValueError(f"coupling must be finite and >= 0, got {self.coupling}")
+        if self.coupling_reader not in COUPLING_READERS: raise ValueError(f"coupling_reader must be one of {', '.join(COUPLING_READERS)}, got {self.coupling_reader!r}")
+        if self.coupling_reader != "bag" and not self.coupling: raise ValueError(f"coupling_reader {self.coupling_reader!r} needs coupling > 0 (it is the coupling term's classifier)")
         if self.latent == "continuous" and (self.router != "input" or self.coupling): raise ValueError("router 'marginal' and coupling need latent 'discrete'")
     def to_dict(self) -> dict:
-        "The fields, `router` and `coupling` only where they are not the defaults: a run directory or sweep cell written before they existed is the same run."
+        "The fields, `router`, `coupling` and `coupling_reader` only where they are not the defaults: a run directory or sweep cell written before they existed is the same run."
         d = asdict(self)
         if self.router == "input": del d["router"]
         if self.coupling == 0: del d["coupling"]
+        if self.coupling_reader == "bag": del d["coupling_reader"]
         return d
 
 @dataclass
@@ -117,7 +124,8 @@ class DiscreteCVAE(nn.Module):
         self.shared_prefix = False  # compute the prompt once for all K codes (`shared_prefix_code_losses`); same numbers
         if config.router == "marginal": self.prior_logits = nn.Parameter(torch.zeros(config.K))  # r(z), uniform at the start
         if config.coupling > 0:
-            self.code_classifier = ResponseCodeClassifier(len(vocab), base.d_model, config.K, getattr(getattr(base, 'config', None), 'max_len', 256))
+            self.code_classifier = ResponseCodeClassifier(len(vocab), base.d_model, config.K, getattr(getattr(base, 'config', None), 'max_len', 256),
+                                                          ordered=config.coupling_reader == "ordered")
         nn.init.zeros_(self.posterior_head.weight); nn.init.zeros_(self.posterior_head.bias)
         with torch.no_grad():
             emb = self.generator.get_input_embeddings().weight
@@ -156,13 +164,15 @@ def forward(self: DiscreteCVAE, examples: list[Example] | Rows) -> CVAEOutput:
 
 # %% ../nbs/07_cvae.ipynb #548686f5
 class ResponseCodeClassifier(nn.Module):
-    "$c_\\psi(z|y)$: logits of the code from the response tokens alone (a mean of token and position embeddings, then a small MLP)."
+    "$c_\\psi(z|y)$: logits of the code from the response tokens alone (a mean over the response, then a small MLP)."
     def __init__(self, vocab_size: int,  # the run's vocabulary size
                  d: int,                 # embedding width
                  K: int,                 # codes
-                 max_len: int):          # longest response (its positions are embedded)
+                 max_len: int,           # longest response (its positions are embedded)
+                 ordered: bool = False): # a nonlinearity on each token at its position before the mean, so that the order counts
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab_size, d), nn.Embedding(max_len, d)
+        if ordered: self.per_token = nn.Sequential(nn.Linear(d, d), nn.Tanh())
         self.mlp = nn.Sequential(nn.Linear(d, d), nn.Tanh(), nn.Linear(d, K))
         nn.init.zeros_(self.mlp[-1].weight); nn.init.zeros_(self.mlp[-1].bias)  # uniform at the start: the term is log K
 
@@ -171,8 +181,9 @@ class ResponseCodeClassifier(nn.Module):
         t = torch.arange(T, device=batch.ids.device)
         mask = (t[None, :] < batch.response_len[:, None]).to(self.tok.weight.dtype)
         ids = batch.ids.gather(1, (batch.response_start[:, None] + t[None, :]).clamp(max=batch.ids.shape[1] - 1))  # y and </y> only
-        h = ((self.tok(ids) + self.pos(t.clamp(max=self.pos.num_embeddings - 1))[None]) * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
-        return self.mlp(h)
+        e = self.tok(ids) + self.pos(t.clamp(max=self.pos.num_embeddings - 1))[None]
+        if hasattr(self, "per_token"): e = self.per_token(e)  # without it the mean splits into tokens' mean + positions' mean: no order
+        return self.mlp((e * mask[..., None]).sum(1) / mask.sum(1, keepdim=True))
 
 # %% ../nbs/07_cvae.ipynb #c73bb8e1
 def shared_prefix_code_losses(generator: nn.Module,     # a backbone with `supports_packed_codes`
