@@ -105,19 +105,22 @@ def _tuples(x):
 
 def preset_from_record(out: Path,  # a sweep directory, holding its preset.json
                       ) -> Preset:  # the preset, equal to the one recorded
-    "The preset a sweep directory was made with, rebuilt from its `preset.json`."
+    "The preset a sweep directory was made with, rebuilt from its `preset.json`; a field it lacks (one `Preset` gained since) takes its default."
     path = SweepDir(out).preset
     if not path.is_file(): raise FileNotFoundError(f"{path} not found: {out} is not a sweep directory (basedirected-repro writes preset.json first)")
     record = read_json(path).get("preset")
     if not isinstance(record, dict): raise ValueError(f"{path} holds no preset; it is damaged: rerun the sweep with its --preset to write it again")
     names = {f.name for f in dataclasses.fields(Preset)}
+    defaults = json.loads(json.dumps({f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory() for f in dataclasses.fields(Preset)
+                                      if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}))
     required = [f.name for f in dataclasses.fields(Preset) if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing := [n for n in required if n not in record]:
         raise ValueError(f"{path} lacks the preset's {', '.join(missing)}; it is damaged or partial: rerun the sweep with its --preset to write it again")
     if unknown := [k for k in record if k not in names]: raise ValueError(f"{path} has fields this version does not know ({', '.join(unknown)})")
     try: preset = Preset(**_tuples(record))
     except (TypeError, ValueError) as e: raise ValueError(f"{path} describes a preset this version cannot rebuild ({e})") from None
-    if json.loads(json.dumps(asdict(preset))) != record: raise ValueError(f"{path} describes a preset this version cannot rebuild")
+    recorded = {k: v for k, v in json.loads(json.dumps(asdict(preset))).items() if k in record or v != defaults.get(k)}  # a field added since: its default
+    if recorded != record: raise ValueError(f"{path} describes a preset this version cannot rebuild")
     return preset
 
 # %% ../nbs/11a_cluster.ipynb #c5881fee
