@@ -73,6 +73,7 @@ class Preset:
     code_init_noise: float | None = None # the code embeddings' initialization noise (--code-init-noise)
     router: str | None = None            # 'input' r(z|x) or 'marginal' r(z) (--router; None: CVAEConfig's)
     coupling: float | None = None        # the coupling term's rho, an extension beyond the seeds (--coupling; None: off)
+    coupling_reader: str | None = None   # what its classifier reads of the response, 'bag' or 'ordered' (--coupling-reader; None: CVAEConfig's)
     Ks: tuple[int, ...] = (3,)           # discrete codes
     posteriors: tuple[str, ...] = ("exact",)  # discrete posterior arms (continuous runs are always amortized)
     arms: tuple[dict, ...] = ()          # extra sub-grids: field overrides of this preset (e.g. an amortized arm)
@@ -166,6 +167,13 @@ PRESETS.update({
                                                       ({"Ks": (4,)}, ("theta",)))),
                             {"regimes": ("grid_pathfinding",), "base_seeds": tuple(range(2, 12)), "cvae_steps": 500, "objectives": ("theta",),
                              "coupling": None, "router": "marginal"})),
+    # the coupling term with a classifier that reads the response's order (notebook 07: the bag reader the meaning preset ran with sees only
+    # token counts and the length), on the meaning preset's grid pathfinding base (its --bases), where the bag reader read the strategy least
+    # of the tasks whose codes were relabelled; J_theta and the cELBO at rho 1, J_theta without the term as the control, 10 seeds each
+    "reader": Preset("reader", ("theta", "celbo"), "the coupling term with an order-reading classifier on grid pathfinding: J_theta and the cELBO "
+                     "at rho 1, J_theta without the term as the control, 10 seeds on the meaning preset's grid base", taus=(0.07,), seeds=tuple(range(10)),
+                     base_seeds=tuple(range(2, 12)), bases_needed=1, failed_bases="skip", regimes=("grid_pathfinding",), cvae_steps=500, evals=10,
+                     coupling=1.0, coupling_reader="ordered", arms=({"objectives": ("theta",), "coupling": None, "coupling_reader": None},)),
 })
 
 # %% ../nbs/11_experiments.ipynb #b680e759
@@ -222,7 +230,8 @@ def cell_overrides(preset: Preset,              # the sweep's sizes
               "train.batch_size": preset.batch_size, "train.eval_every": every, "train.checkpoint_every": every, "metrics.n_routed": preset.n_routed,
               "metrics.n_forced": preset.n_forced, "threads": preset.threads})
     for name, path in (("grad_clip", "train.grad_clip"), ("lr", "train.lr"), ("lr_schedule", "train.lr_schedule"),
-                       ("code_init_noise", "cvae.code_init_noise"), ("router", "cvae.router"), ("coupling", "cvae.coupling")):
+                       ("code_init_noise", "cvae.code_init_noise"), ("router", "cvae.router"), ("coupling", "cvae.coupling"),
+                       ("coupling_reader", "cvae.coupling_reader")):
         if getattr(preset, name) is not None: o[path] = getattr(preset, name)
     return o
 
@@ -240,7 +249,8 @@ def _options_tag(preset: Preset) -> str:
     return (("" if preset.grad_clip is None else f"-clip{preset.grad_clip:g}") + ("" if preset.lr is None else f"-lr{preset.lr:g}")
             + ("" if preset.lr_schedule is None else f"-{preset.lr_schedule}")
             + ("" if preset.code_init_noise is None else f"-noise{preset.code_init_noise:g}")
-            + ("" if preset.router is None else f"-{preset.router}") + ("" if preset.coupling is None else f"-coupling{preset.coupling:g}"))
+            + ("" if preset.router is None else f"-{preset.router}") + ("" if preset.coupling is None else f"-coupling{preset.coupling:g}")
+            + ("" if preset.coupling_reader is None else f"-{preset.coupling_reader}"))
 
 # %% ../nbs/11_experiments.ipynb #2ff6a05a
 def _grid(preset: Preset) -> list[RunSpec]:
@@ -458,7 +468,8 @@ def _cell_record(spec: RunSpec, run, final: dict, seconds: float) -> dict:
               "beta": spec.beta if spec.beta is not None else run.kl_weight(spec.config.train.steps),  # the beta a tau cell resolved to
               "latent": spec.latent, "posterior": spec.posterior, "K": spec.K, "alpha": spec.alpha, "gamma": spec.gamma,
               "grad_clip": spec.config.train.grad_clip, "lr": spec.config.train.lr, "lr_schedule": spec.config.train.lr_schedule,
-              "code_init_noise": spec.config.cvae.code_init_noise, "router": spec.config.cvae.router, "coupling": spec.config.cvae.coupling, "seconds": seconds})
+              "code_init_noise": spec.config.cvae.code_init_noise, "router": spec.config.cvae.router, "coupling": spec.config.cvae.coupling, "seconds": seconds,
+              **({} if spec.config.cvae.coupling_reader == "bag" else {"coupling_reader": spec.config.cvae.coupling_reader})})  # the default unrecorded: older records are the same cells
 
 # %% ../nbs/11_experiments.ipynb #99c424bd
 def cell_locks(out: Path,             # the sweep's directory

@@ -39,17 +39,18 @@ TABLE_METRICS = ("settled", "rate_range_last", "tau", "beta_effective", "beta_st
                  "I_zs_norm_amortized", "amortized_agreement", "reveal_weight", "c_model", "c_data", "T_y_mean",
                  "I_zs_given_x_norm", *_ALIGNMENTS, "gen_coverage_mean", "gate_valid_rate", "gate_answer_only_accuracy")
 GROUP_BY = ("regime", "latent", "posterior", "K", "objective", "alpha", "gamma", "tau_target", "beta_target", "grad_clip", "lr", "lr_schedule",
-            "code_init_noise", "router", "coupling")  # a row per group: seeds (and bases) averaged
+            "code_init_noise", "router", "coupling", "coupling_reader")  # a row per group: seeds (and bases) averaged
 
 # %% ../nbs/12_reports.ipynb #d2f1b3a6
 def _options_tag(r: dict) -> str:
-    "' clip 1e+06', ' lr 0.0003', ' constant', ' noise 1', ' marginal', ' coupling 1': a run's options that are not the defaults (records from before an option was a cell's coordinate have none)."
+    "' clip 1e+06', ' lr 0.0003', ' constant', ' noise 1', ' marginal', ' coupling 1', ' ordered reader': a run's options that are not the defaults (records from before an option was a cell's coordinate have none)."
     d, c = TrainConfig(), CVAEConfig()
-    g, lr, schedule, noise, router, coupling = (r.get(k) for k in ("grad_clip", "lr", "lr_schedule", "code_init_noise", "router", "coupling"))
+    g, lr, schedule, noise, router, coupling, reader = (r.get(k) for k in ("grad_clip", "lr", "lr_schedule", "code_init_noise", "router", "coupling", "coupling_reader"))
     return (("" if g is None or g == d.grad_clip else f" clip {g:g}") + ("" if lr is None or lr == d.lr else f" lr {lr:g}")
             + ("" if schedule is None or schedule == d.lr_schedule else f" {schedule}")
             + ("" if noise is None or noise == c.code_init_noise else f" noise {noise:g}")
-            + ("" if router is None or router == c.router else f" {router}") + ("" if not coupling else f" coupling {coupling:g}"))
+            + ("" if router is None or router == c.router else f" {router}") + ("" if not coupling else f" coupling {coupling:g}")
+            + ("" if not reader or reader == c.coupling_reader else f" {reader} reader"))
 
 # %% ../nbs/12_reports.ipynb #08b9cce3
 def _scalar_columns(records):
