@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import json
 import os
+import re
 import shlex
 import shutil
 import threading
@@ -695,19 +696,21 @@ def execute(out: Path,              # the sweep's directory
             group_size: int = 1,    # cells of one group_key trained as one group, at most this many
             compile: bool = False,  # compile each group's step
             earlier: Path | None = None,  # an earlier collection of the preset: its cells are not trained here (`earlier_cells`)
+            only: str | None = None,  # a regular expression: train only the cells whose key it matches (`re.search`), and their bases
            ) -> list[dict]:         # one metrics record per cell that ran (a skipped base's cells have none), in plan order
-    "Run every cell of `preset` under `out`, packing up to `group_size` cells that share a `group_key` into one trained group; returns one metrics record per run (`skipped_cells` names those a failed base skips). With `earlier`, the cells it holds are left out, and so are the bases it gated that this sweep lacks, which must be seeded (`seed_bases`) where a cell left adapts from them."
+    "Run every cell of `preset` under `out`, packing up to `group_size` cells that share a `group_key` into one trained group; returns one metrics record per run (`skipped_cells` names those a failed base skips). With `earlier`, the cells it holds are left out, and so are the bases it gated that this sweep lacks, which must be seeded (`seed_bases`) where a cell left adapts from them. With `only`, the other cells are left for another sitting."
     threads = torch.get_num_threads()  # cells run in this process set the preset's thread count; the caller gets its own back
-    try: return _execute(out, preset, jobs, device, force, progress, group_size, compile, earlier)
+    try: return _execute(out, preset, jobs, device, force, progress, group_size, compile, earlier, only)
     finally: torch.set_num_threads(threads)
 
 # %% ../nbs/11_experiments.ipynb #91c8e17a
 def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, progress: bool, group_size: int, compile: bool,
-             earlier: Path | None = None) -> list[dict]:
+             earlier: Path | None = None, only: str | None = None) -> list[dict]:
     out = Path(out); check_sweep_dir(out)
     done, before = earlier_cells(earlier) if earlier is not None else (set(), {})
-    every = plan(preset)  # every cell decides which bases are used; those of the earlier collection are not trained here
-    specs = [s for s in every if s.key not in done]
+    every = [s for s in plan(preset) if only is None or re.search(only, s.key)]  # they decide which bases are used
+    if not every: raise ValueError(f"--only {only!r} matches none of the {len(plan(preset))} cells of preset {preset.name}")
+    specs = [s for s in every if s.key not in done]  # those of the earlier collection are not trained here
     if force: clear_held_cells(out, specs)
     record_preset(out, preset)
     from tqdm.auto import tqdm

@@ -53,9 +53,11 @@ def _run_sweep(a, out: Path, cluster: ClusterConfig, jobs: int, group_size: int)
         records, missing = collect(out, preset)
         return records, missing, {"preset": a.preset, "executor": "submitit", "cluster": report["cluster"], "jobs_submitted": report["submitted"],
                                   "jobs_failed": len(report["failed"]), "group_size": group_size, "compiled": a.compile}
-    records = execute(out, preset, jobs=jobs, device=a.device, force=a.force, progress=not a.quiet, group_size=group_size, compile=a.compile, earlier=earlier)
-    summary = {"preset": a.preset, "executor": "pool", "jobs": jobs, "group_size": group_size, "compiled": a.compile}
-    if earlier is None: return records, [], summary
+    records = execute(out, preset, jobs=jobs, device=a.device, force=a.force, progress=not a.quiet, group_size=group_size, compile=a.compile,
+                      earlier=earlier, only=a.only)
+    summary = {"preset": a.preset, "executor": "pool", "jobs": jobs, "group_size": group_size, "compiled": a.compile, **({"only": a.only} if a.only else {})}
+    if earlier is None and a.only is None: return records, [], summary
+    if earlier is None: return (*collect(out, preset), summary)  # every finished cell of the directory, and the others named missing
     records, missing = collect(out, preset, earlier)  # this sitting's cells, and the earlier collection's
     return records, missing, {**summary, "earlier": _earlier_summary(out, preset, records, earlier)}
 
@@ -96,6 +98,9 @@ def repro_parser() -> OneLineParser:
                    "reference/<preset>/bases/): each one a cell of the preset adapts from is copied into OUT/bases before training, so the cells "
                    "adapt from those very bases (one trained again from its seed on another machine is another base); refused where one was "
                    "made for another recipe")
+    p.add_argument("--only", default=None, metavar="REGEX", help="train only the cells whose key matches REGEX (a Python regular expression, "
+                   "searched: e.g. grid_pathfinding, or coupling1-base2), and the bases they adapt from; the others are named missing and are "
+                   "left for a rerun without --only or a later sitting (--earlier)")
     p.add_argument("--jobs", type=int, default=None, help="--executor pool: parallel worker processes, one run each (default: one per CPU core, at most 8)")
     p.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
     p.add_argument("--force", action="store_true", help="rerun finished runs instead of skipping them")
@@ -133,6 +138,10 @@ def repro_main(argv: list[str] | None = None,  # command-line arguments (None: t
     if a.bases is not None and a.collect: p.error("--bases seeds a sweep's bases before it trains; --collect trains nothing")
     if a.earlier is not None and not a.collect and cluster.executor != "pool":
         p.error("--earlier trains with --executor pool (a submitted array would train the earlier collection's cells again); collect with --collect --earlier")
+    if a.only is not None:
+        if a.collect or cluster.executor != "pool": p.error("--only selects the cells this invocation trains: it needs --executor pool and no --collect")
+        try: re.compile(a.only)
+        except re.error as e: p.error(f"--only {a.only!r} is not a regular expression ({e})")
     if a.earlier is not None and not (Path(a.earlier) / "results.csv").is_file(): p.error(f"--earlier {a.earlier}: no results.csv there (it must be a collected sweep)")
     out = Path(a.out or f"runs/repro-{a.preset}")
     if out.exists() and not out.is_dir(): p.error(f"--out {out} is a file, not a directory")

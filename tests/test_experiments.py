@@ -270,3 +270,17 @@ def test_a_sweep_continued_in_another_sitting_trains_only_the_cells_its_earlier_
     drop = lambda rs: [{k: v for k, v in r.items() if k != "seconds"} for r in rs]
     assert drop(rows(again)) == drop(rows(smoke_dir))  # one machine, the same bases: every figure of every cell
     assert json.loads((again / "summary.json").read_text())["earlier"]["cells"] == len(half)
+
+
+def test_only_trains_the_cells_its_pattern_matches_and_names_the_rest_missing(smoke_dir, tmp_path):
+    "--only 'exact': the exact-posterior cells train, on the seeded base, to the same figures as the full sweep; the amortized ones are named missing."
+    import shutil
+    keys = [s.key for s in plan(PRESETS["smoke"])]
+    out = tmp_path / "only"
+    assert repro_main(["--preset", "smoke", "--out", str(out), "--quiet", "--jobs", "1", "--only", "exact-K3", "--bases", str(smoke_dir / "bases")]) == 1
+    assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(k for k in keys if "-exact-" in k)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["only"] == "exact-K3" and sorted(summary["missing"]) == sorted(k for k in keys if "-exact-" not in k)
+    rows = lambda d: {r["key"]: {k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(open(d / "results.csv"))}
+    full = rows(smoke_dir)
+    assert rows(out) == {k: full[k] for k in keys if "-exact-" in k}  # one machine, the same base: every figure of those cells
