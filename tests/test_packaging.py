@@ -259,6 +259,38 @@ def test_the_readmes_figures_are_the_reference_files():
         assert contrast(regime, comparison) in text, (regime, comparison, contrast(regime, comparison))
 
 
+
+def test_the_readmes_meaning_paragraph_is_the_reference_files():
+    "The meaning preset's counts the README quotes, recomputed from reference/meaning and reference/reader (the definitions of nbs/13e_meaning.ipynb)."
+    import csv
+    import json
+    from scipy.stats import fisher_exact
+    text = " ".join((ROOT / "README.md").read_text().split())
+    for preset, shown in (("meaning", "217.7 min so far, four invocations in two sittings: 77 of 100 cells"), ("reader", "24.4 min")):
+        assert f"{_reference_minutes(preset):.1f} min" in shown and shown in text, (preset, _reference_minutes(preset))
+    summary = json.loads((ROOT / "reference" / "meaning" / "summary.json").read_text())
+    assert (summary["runs"], len(summary["missing"])) == (77, 23) and all(m.startswith("addition") for m in summary["missing"])
+    read = lambda name: [{k: (float(v) if v.replace(".", "").replace("-", "").replace("e", "").isdigit() else v) for k, v in r.items()}
+                         for r in csv.DictReader(open(ROOT / "reference" / name / "results.csv"))]
+    meaning, reader = read("meaning"), read("reader")
+    judged = lambda r: r["gen_alignment_controlled"] if r["K"] == 3 else r["gen_purity_controlled"]
+    names = lambda r: r["I_zs_given_x_norm"] >= 0.85 and judged(r) >= 0.9
+    sorting = [r for r in meaning if r["regime"] == "sorting"]
+    assert len(sorting) == 15 and all(r["gen_alignment_controlled_all"] >= 0.9 and r["gen_answer_rate"] >= 0.98 for r in sorting) and "on sorting all 15 runs succeed" in text
+    assert f"alignment {min(r['gen_alignment_controlled_all'] for r in sorting):.2f}–{max(r['gen_alignment_controlled_all'] for r in sorting):.2f}" in text
+    uncoupled = [r for r in meaning if r["regime"] == "grid_pathfinding" and not r["coupling"]]
+    control = [r for r in reader if not r["coupling"]]
+    assert (sum(map(names, uncoupled)), len(uncoupled), sum(map(names, control)), len(control)) == (19, 20, 8, 10) and "19 of the 20 runs" in text and "8 of 10 runs without any of them" in text
+    assert min(judged(r) for r in uncoupled + control if names(r)) >= 0.98
+    grid = [r for r in meaning + reader if r["regime"] == "grid_pathfinding"]
+    assert not any(r["gen_alignment_controlled_all"] >= 0.9 and r["gen_answer_rate"] >= 0.98 for r in grid) and "No grid run meets the success criterion" in text
+    coupled = [r for r in meaning if r["regime"] == "grid_pathfinding" and r["coupling"] == 1.0 and r["objective"] == "theta"]
+    assert sum(r["router_entropy"] < 0.35 and r["I_zs_given_x_norm"] < 0.2 for r in coupled) == 7 and sum(map(names, coupled)) == 3
+    p = fisher_exact([[3, 7], [8, 2]]).pvalue
+    assert f"Fisher exact p {p:.2f}" in text and "7 of 10 $\\mathcal J_\\theta$ runs took that route at ρ = 1 (named 3 of 10, against 8 of 10 without the term" in text
+    forced = [r["gen_forced_valid_rate"] for r in grid if names(r)]
+    assert f"({min(forced):.2f}–{max(forced):.2f} under forced codes)" in text
+
 def test_the_readmes_default_run_is_the_reference_run():
     "The default command's figures in the README are its reference run's metrics.json, its time the run's log."
     import json
