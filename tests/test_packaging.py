@@ -266,7 +266,7 @@ def test_the_readmes_meaning_paragraph_is_the_reference_files():
     import json
     from scipy.stats import fisher_exact
     text = " ".join((ROOT / "README.md").read_text().split())
-    for preset, shown in (("meaning", "217.7 min so far, four invocations in two sittings: 77 of 100 cells"), ("reader", "24.4 min")):
+    for preset, shown in (("meaning", "217.7 min so far, four invocations in two sittings: 77 of 100 cells"), ("reader", "24.4 min"), ("shortcut", "46.5 min")):
         assert f"{_reference_minutes(preset):.1f} min" in shown and shown in text, (preset, _reference_minutes(preset))
     summary = json.loads((ROOT / "reference" / "meaning" / "summary.json").read_text())
     assert (summary["runs"], len(summary["missing"])) == (77, 23) and all(m.startswith("addition") for m in summary["missing"])
@@ -288,6 +288,10 @@ def test_the_readmes_meaning_paragraph_is_the_reference_files():
     assert sum(r["router_entropy"] < 0.35 and r["I_zs_given_x_norm"] < 0.2 for r in coupled) == 7 and sum(map(names, coupled)) == 3
     p = fisher_exact([[3, 7], [8, 2]]).pvalue
     assert f"Fisher exact p {p:.2f}" in text and "7 of 10 $\\mathcal J_\\theta$ runs took that route at ρ = 1 (named 3 of 10, against 8 of 10 without the term" in text
+    shortcut = read("shortcut")
+    input_code = lambda r: r["eval_coupling"] < -0.3 and r["I_zs_given_x_norm"] < 0.2
+    assert (len(shortcut), sum(map(input_code, shortcut)), sum(map(input_code, coupled))) == (20, 0, 7) and "no run took it (0 of 20" in text
+    assert sum(map(names, (r for r in shortcut if r["objective"] == "theta"))) == 8 and "then names the strategy on 8 of 10 runs, as many as without the term" in text
     forced = [r["gen_forced_valid_rate"] for r in grid if names(r)]
     assert f"({min(forced):.2f}–{max(forced):.2f} under forced codes)" in text
 
