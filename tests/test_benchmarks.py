@@ -36,3 +36,19 @@ def test_base_recipe_script_writes_the_gate_and_the_learning_curve(tmp_path):
     assert {"preferred", "other"} <= set(by_reason) <= {"preferred", "walled", "aligned", "other"}
     assert abs(sum(v["share_of_moves"] for r, v in by_reason.items() if r != "other") - 1) < 1e-9 and by_reason["other"]["share_of_moves"] is None
     assert figures["base"]["override_fraction"] == 0.5 and figures["base"]["input_overrides"] == {"n_walls": 8}  # the task's recipe
+
+
+def test_code_labellings_recomputes_each_runs_posterior_and_counts_every_held_out_pair(smoke_dir, tmp_path):
+    runs = [d for d in sorted((smoke_dir / "runs").iterdir()) if (d / "metrics.json").exists() and json.loads((d / "metrics.json").read_text()).get("latent") == "discrete"]
+    assert runs, "the smoke preset has a finished discrete run"
+    out = tmp_path / "labellings.csv"
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "code_labellings.py"), *map(str, runs), "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    import csv
+    rows = list(csv.DictReader(open(out)))
+    for d in runs:
+        metrics, config = json.loads((d / "metrics.json").read_text()), json.loads((d / "config.json").read_text())["config"]
+        mine = [r for r in rows if r["key"] == metrics["key"]]
+        assert sum(int(r["n"]) for r in mine) == config["n_eval"]  # every held-out pair gets one code
+        assert {r["alignment_posterior_recomputed"] for r in mine} == {r["alignment_posterior_recorded"] for r in mine}  # the posterior is the run's own
+        assert {int(r["code"]) for r in mine} <= set(range(metrics["K"]))
