@@ -183,6 +183,13 @@ PRESETS.update({
                        "function of the input pay in KL: J_theta and the cELBO at rho 1, 10 seeds on the meaning preset's grid base",
                        taus=(0.07,), seeds=tuple(range(10)), base_seeds=tuple(range(2, 12)), bases_needed=1, failed_bases="skip",
                        regimes=("grid_pathfinding",), cvae_steps=500, evals=10, coupling=1.0, router="marginal"),
+    # J_theta without any symmetry breaker (rho 0, noise 0.02, K = 3, r(z|x)) on the meaning preset's addition base and seeds: the
+    # baseline its addition cells lack (its named baseline is the settled study's, on other bases). It asks whether the coupled J_theta
+    # runs' merges and relabellings on addition (page 13e: the term's optimum cannot tell one labelling from another where y shows x)
+    # are the term's or the objective's on that base; no direction is predicted
+    "baseline": Preset("baseline", ("theta",), "J_theta without any symmetry breaker on the meaning preset's addition base and seeds: "
+                       "the baseline of its addition cells", taus=(0.07,), seeds=tuple(range(5)), base_seeds=tuple(range(4)), bases_needed=1,
+                       failed_bases="skip", regimes=("addition",), cvae_steps=800, evals=10),
 })
 
 # %% ../nbs/11_experiments.ipynb #b680e759
