@@ -266,10 +266,10 @@ def test_the_readmes_meaning_paragraph_is_the_reference_files():
     import json
     from scipy.stats import fisher_exact
     text = " ".join((ROOT / "README.md").read_text().split())
-    for preset, shown in (("meaning", "217.7 min so far, four invocations in two sittings: 77 of 100 cells"), ("reader", "24.4 min"), ("shortcut", "46.5 min")):
+    for preset, shown in (("meaning", "311.7 min, five invocations in three sittings"), ("reader", "24.4 min"), ("shortcut", "46.5 min"), ("baseline", "46.4 min")):
         assert f"{_reference_minutes(preset):.1f} min" in shown and shown in text, (preset, _reference_minutes(preset))
     summary = json.loads((ROOT / "reference" / "meaning" / "summary.json").read_text())
-    assert (summary["runs"], len(summary["missing"])) == (77, 23) and all(m.startswith("addition") for m in summary["missing"])
+    assert (summary["runs"], summary["missing"]) == (100, [])
     read = lambda name: [{k: (float(v) if v.replace(".", "").replace("-", "").replace("e", "").isdigit() else v) for k, v in r.items()}
                          for r in csv.DictReader(open(ROOT / "reference" / name / "results.csv"))]
     meaning, reader = read("meaning"), read("reader")
@@ -292,6 +292,14 @@ def test_the_readmes_meaning_paragraph_is_the_reference_files():
     input_code = lambda r: r["eval_coupling"] < -0.3 and r["I_zs_given_x_norm"] < 0.2
     assert (len(shortcut), sum(map(input_code, shortcut)), sum(map(input_code, coupled))) == (20, 0, 7) and "no run took it (0 of 20" in text
     assert sum(map(names, (r for r in shortcut if r["objective"] == "theta"))) == 8 and "then names the strategy on 8 of 10 runs, as many as without the term" in text
+    addition = [r for r in meaning + read("baseline") if r["regime"] == "addition"]
+    succeeds = lambda r: r["gen_alignment_controlled_all"] >= 0.9 and r["gen_answer_rate"] >= 0.98
+    arms = {}
+    for r in addition: arms.setdefault((r["objective"], r["coupling"], r["code_init_noise"], r["K"]), []).append(r)
+    assert (len(addition), sum(map(succeeds, addition)), max(sum(map(succeeds, a)) for a in arms.values())) == (30, 3, 1) and "3 of 30 runs succeed, at most one of 5 per arm" in text
+    assert not any(map(succeeds, read("baseline"))) and "none without any breaker (`reference/baseline/`)" in text
+    merges = lambda r: r["I_zs_given_x_norm"] < 0.85
+    assert all(min(r["eval_loss"] for r in a if merges(r)) > max(r["eval_loss"] for r in a if not merges(r)) for a in arms.values() if any(map(merges, a)) and not all(map(merges, a)))
     forced = [r["gen_forced_valid_rate"] for r in grid if names(r)]
     assert f"({min(forced):.2f}–{max(forced):.2f} under forced codes)" in text
 
