@@ -2,6 +2,7 @@
 torchrun (`ShardedRun`, gloo), and a group of two runs (`RunGroup`). `fit` owns resume, checkpoints, logs and the non-finite guard
 once; these tests hold each stepper to it. Every run trains in a subprocess through one small entry script, so that a kill -9 is a
 real kill and a poisoned step is poisoned in the process that trains."""
+import fcntl
 import json
 import os
 import signal
@@ -125,6 +126,21 @@ def opened_by_load_run(d):
     assert again.keys() == final.keys() and all(abs(again[k] - v) <= 1e-6 * max(1.0, abs(v)) for k, v in final.items())
 
 
+def wait_until_unlocked(directories, timeout=60):
+    "A SIGKILLed process lets go of its run directory's lock when the kernel has torn it down, which can lag its launcher's wait()."
+    deadline = time.time() + timeout
+    for d in directories:
+        if not d.is_dir(): continue
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            while True:
+                try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); fcntl.flock(fd, fcntl.LOCK_UN); break
+                except BlockingIOError:
+                    assert time.time() < deadline, f"{d} is still locked {timeout} s after its writers were killed"
+                    time.sleep(0.05)
+        finally: os.close(fd)
+
+
 @pytest.mark.parametrize("stepper", STEPPERS)
 def test_kill_9_then_resume_is_the_uninterrupted_run(entry, tmp_path, stepper):
     long = ("--steps", "40", "--checkpoint-every", "5", "--eval-every", "20")
@@ -135,6 +151,7 @@ def test_kill_9_then_resume_is_the_uninterrupted_run(entry, tmp_path, stepper):
     while not first.exists() and time.time() < deadline and p.poll() is None: time.sleep(0.01)
     os.killpg(p.pid, signal.SIGKILL); p.wait()  # the launcher and every process it started
     assert first.exists(), "the run never wrote a checkpoint"
+    wait_until_unlocked([tmp_path / "killed", *dirs(stepper, tmp_path / "killed")])  # the ranks die after the launcher is reaped
     train(entry, stepper, tmp_path / "killed", *long)
     train(entry, stepper, tmp_path / "straight", *long)
     for a, b in zip(dirs(stepper, tmp_path / "killed"), dirs(stepper, tmp_path / "straight")):
