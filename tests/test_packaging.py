@@ -243,20 +243,22 @@ def test_the_readmes_figures_are_the_reference_files():
     import json
     text = " ".join((ROOT / "README.md").read_text().split())
     for preset, shown in (("quick", "4.5 min"), ("study", "53.5 min"), ("followup", "88.8 min, three invocations"), ("addition", "93.4 min"),
-                          ("settled", "261.2 min so far, three invocations: 94 of 112 cells")):
+                          ("settled", "261.2 min, three invocations: 94 of 112 cells"), ("settled-2", "100.3 min")):
         assert f"{_reference_minutes(preset):.1f} min" in shown and shown in text, (preset, _reference_minutes(preset))
     settled = json.loads((ROOT / "reference" / "settled" / "summary.json").read_text())
     assert f"{settled['runs']} of {settled['runs'] + len(settled['missing'])} cells" in text
     quick = json.loads((ROOT / "reference" / "quick" / "summary.json").read_text())
     assert f"{quick['runs']} runs in {_reference_minutes('quick'):.1f} minutes" in text
-    def contrast(regime, comparison):
+    def contrast(regime, comparison, collection="settled"):
         "The across-base interval of a settled contrast in alignment excess, as the README writes it: mean [lo, hi]."
-        (r,) = [r for r in csv.DictReader(open(ROOT / "reference" / "settled" / "contrasts.csv")) if (r["regime"], r["cell"], r["comparison"], r["metric"])
+        (r,) = [r for r in csv.DictReader(open(ROOT / "reference" / collection / "contrasts.csv")) if (r["regime"], r["cell"], r["comparison"], r["metric"])
                 == (regime, "tau 0.07", comparison, "gen_alignment_controlled_all_excess")]
         fmt = lambda v: f"{float(v):+.3f}".replace("-", "−")
         return f"{fmt(r['mean'])} [{fmt(r['across_lo'])}, {fmt(r['across_hi'])}]"
     for regime, comparison in (("sorting", "theta - dist"), ("grid_pathfinding", "theta - dist"), ("sorting", "theta - celbo"), ("grid_pathfinding", "theta - celbo")):
         assert contrast(regime, comparison) in text, (regime, comparison, contrast(regime, comparison))
+    for comparison in ("theta - dist", "theta - celbo"):  # addition's arm, run whole on bases trained again
+        assert contrast("addition", comparison, "settled-2") in text, (comparison, contrast("addition", comparison, "settled-2"))
 
 
 
@@ -297,7 +299,10 @@ def test_the_readmes_meaning_paragraph_is_the_reference_files():
     arms = {}
     for r in addition: arms.setdefault((r["objective"], r["coupling"], r["code_init_noise"], r["K"]), []).append(r)
     assert (len(addition), sum(map(succeeds, addition)), max(sum(map(succeeds, a)) for a in arms.values())) == (30, 3, 1) and "3 of 30 runs succeed, at most one of 5 per arm" in text
-    assert not any(map(succeeds, read("baseline"))) and "none without any breaker (`reference/baseline/`)" in text
+    assert not any(map(succeeds, read("baseline"))) and "none without any breaker (`reference/baseline/`;" in text
+    theta2 = [r for r in read("settled-2") if r["regime"] == "addition" and r["objective"] == "theta"]  # another two bases: there J_theta alone can succeed
+    assert [sum(r["base_seed"] == b for r in theta2) for b in (0, 1)] == [4, 4] and [sum(succeeds(r) for r in theta2 if r["base_seed"] == b) for b in (0, 1)] == [3, 0]
+    assert "$\\mathcal J_\\theta$ alone succeeds on 3 of 4 runs of one and none of the other" in text
     merges = lambda r: r["I_zs_given_x_norm"] < 0.85
     assert all(min(r["eval_loss"] for r in a if merges(r)) > max(r["eval_loss"] for r in a if not merges(r)) for a in arms.values() if any(map(merges, a)) and not all(map(merges, a)))
     forced = [r["gen_forced_valid_rate"] for r in grid if names(r)]
