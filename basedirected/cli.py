@@ -428,7 +428,9 @@ def train_main(argv: list[str] | None = None,  # the options (None: the command 
     t0 = time.perf_counter()
     with held, warnings.catch_warnings():  # the lock is released however the run ends; a warning is one line, not a source location
         warnings.showwarning = lambda message, *_: print(f"{parser.prog}: warning: {message}", file=sys.stderr, flush=True)
-        try: final = train()
+        try:
+            final = train()
+            if dist.is_initialized(): dist.barrier()  # the other ranks wait for rank 0's metrics: a rank that tears its process group down while rank 0 still holds it can abort in gloo's teardown, and torchrun then kills rank 0 before metrics.json
         except (NonFiniteError, BaseGateError, RunInputError) as e: parser.exit(2, f"{parser.prog}: error: {e}\n")
         except ValueError as e:
             if a.backbone is None: raise
