@@ -52,8 +52,11 @@ def pretrain_base(vocab: Vocab,                     # the run's vocabulary
                   device: str | torch.device = "cpu",  # where it trains (bf16 autocast on CUDA)
                   progress: bool = False,           # show a progress bar
                   on_step=None,                     # called as on_step(step, model) after each update (1-based), e.g. to measure the gate while it trains
+                  resume: dict | None = None,       # a state `on_checkpoint` was given: training continues after its step, as if never stopped
+                  on_checkpoint=None,               # called as on_checkpoint(state) every `checkpoint_every` steps (state: step, weights, optimizer, schedule, losses)
+                  checkpoint_every: int = 500,      # steps between two states handed to `on_checkpoint`
                  ) -> tuple[TinyCausalLM, list[float]]:
-    "Train $p_\\theta$ z-free on `train`; returns the model (eval mode) and its loss curve."
+    "Train $p_\\theta$ z-free on `train`; returns the model (eval mode) and its loss curve. With `on_checkpoint` a kill loses at most `checkpoint_every` steps: `resume` continues bit for bit."
     torch.manual_seed(seed)  # parameter init only; batches come from batch_indices
     device = torch.device(device)
     model = TinyCausalLM(len(vocab), config.model).to(device)
@@ -61,17 +64,21 @@ def pretrain_base(vocab: Vocab,                     # the run's vocabulary
     # one-cycle needs a warm-up of at least one step (more than 10 steps in all); shorter smoke runs keep the peak rate
     sched = (torch.optim.lr_scheduler.OneCycleLR(opt, config.lr, total_steps=config.steps, pct_start=0.1) if config.steps > 10
              else torch.optim.lr_scheduler.ConstantLR(opt, factor=1.0, total_iters=0))
-    losses, bar = [], range(config.steps)
-    # bf16 autocast on CUDA only; the loss is reduced in float32
+    losses, start = [], 0
+    if resume is not None:
+        model.load_state_dict(resume["model"]); opt.load_state_dict(resume["optimizer"]); sched.load_state_dict(resume["schedule"])
+        losses, start = list(resume["losses"]), resume["step"]
+    bar = range(start, config.steps)
     if progress:
         from tqdm.auto import tqdm
-        bar = tqdm(bar, desc="base pre-training", leave=False)
+        bar = tqdm(bar, initial=start, total=config.steps, desc="base pre-training", leave=False)
     for step in bar:
         exs = [train[i] for i in batch_indices(len(train), config.batch_size, seed, step)]
         n_null = int(round(config.null_block_fraction * len(exs)))
         loss = 0.0
         for part, codes in ((exs[n_null:], None), (exs[:n_null], ["<znull>"] * n_null)):
             if not part: continue
+            # bf16 autocast on CUDA only; the loss is reduced in float32
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
                 nll, mask = response_nll(model, collate(vocab, part, codes).to(device))
             loss = loss + nll[mask].sum() / sum(len(e.y) + 1 for e in exs)
@@ -80,6 +87,9 @@ def pretrain_base(vocab: Vocab,                     # the run's vocabulary
         if on_step is not None:
             with torch.no_grad(): on_step(step + 1, model.eval())
             model.train()
+        if on_checkpoint is not None and (step + 1) % checkpoint_every == 0 and step + 1 < config.steps:
+            # a copy: the state dicts share the tensors that the next steps update in place
+            on_checkpoint(copy.deepcopy({"step": step + 1, "model": model.state_dict(), "optimizer": opt.state_dict(), "schedule": sched.state_dict(), "losses": losses}))
     return model.eval(), losses
 
 # %% ../nbs/06a_base.ipynb #d8914de8

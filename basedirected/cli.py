@@ -29,7 +29,8 @@ import torch.distributed as dist
 from .cvae import COUPLING_READERS, CVAEConfig
 from .objective import BETA_SCHEDULES, OBJECTIVE_NAMES, ORIGINAL_FLAG_ALIASES, objectives
 from .reconstruction import TERM_NAMES
-from .runs import (ADAPT_MODES, LR_SCHEDULES, OPTIMIZERS, HFRunConfig, RunConfig, RunDir, RunInputError, TrainConfig, apply_overrides,
+from .pretrained import catalogue
+from .runs import (BASE_CHOICES, ADAPT_MODES, LR_SCHEDULES, OPTIMIZERS, HFRunConfig, RunConfig, RunDir, RunInputError, TrainConfig, apply_overrides,
                                atomic_write_bytes, check_run_dir, exclusive_run_dir, objective_training, read_json, rename_fields, resolve_config,
                                resolve_device, write_command, DEFAULT_RUN, DEFAULT_TASK)
 from .tasks import Task, make_task, task_class
@@ -41,7 +42,8 @@ from .visiting_order import REGIMES
 # %% auto #0
 __all__ = ['BACKBONES', 'RUN_OPTIONS', 'TASK_OPTIONS', 'HF_OPTIONS', 'OBJECTIVE_OPTIONS', 'TRAINING_OPTIONS', 'OPTIONS',
            'field_comments', 'add_dataclass_options', 'dataclass_from_args', 'Option', 'option_help', 'OneLineParser',
-           'build_parser', 'config_from_args', 'hf_config_from_args', 'command_argv', 'train_main', 'hf_train_main']
+           'build_parser', 'base_choice', 'config_from_args', 'hf_config_from_args', 'command_argv', 'train_main',
+           'hf_train_main', 'export_main']
 
 # %% ../nbs/10b_cli.ipynb #76b9f9fc
 def _class_source(cls) -> str:
@@ -110,6 +112,7 @@ class Option:
     type: type | None = None               # the value's type where the default does not tell it
     backbones: tuple[str, ...] = BACKBONES # the backbones it applies to
     note: str = ""                         # appended to the help: what decides a default the field does not show
+    negates: bool = False                  # a switch that sets its boolean field to False (the field's default is True)
 
     @property
     def dest(self) -> str: return self.flag.lstrip("-").replace("-", "_")
@@ -126,6 +129,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("--seed", "seed", "run"),
     Option("--base-seed", "base_seed", "run", default=None, type=int, backbones=_TINY),
     Option("--threads", "threads", "run", backbones=_TINY),
+    Option("--keep-subnormals", "flush_subnormals", "run", "keep subnormal floats instead of flushing them to zero (slower on a CPU, "
+           "as every run was before flushing existed; results differ at round-off)", default=False, backbones=_TINY, negates=True),
     Option("--device", None, "run", "'auto', 'cpu' or 'cuda[:i]' (under torchrun each process takes its LOCAL_RANK GPU)", default="auto"),
     Option("--stop-after", None, "run", "stop after this many steps, as if interrupted (rerun the command to resume)", default=None, type=int),
     Option("--compile", None, "run", "compile the CVAE's backbones with torch.compile (a GPU speed option: same run up to float rounding, "
@@ -161,6 +166,11 @@ TASK_OPTIONS: tuple[Option, ...] = (  # the synthetic task and the base model th
     Option("--n-heads", "base.model.n_heads", "base model p_theta", backbones=_TINY),
     Option("--d-ff", "base.model.d_ff", "base model p_theta", default=None, type=int, backbones=_TINY, note="(default: 4 d_model)"),
     Option("--max-len", "base.model.max_len", "base model p_theta", backbones=_TINY),
+    Option("--base", None, "base model p_theta", "the base to adapt from: a shipped base by name (" + ", ".join(catalogue()) + "; its task, data "
+           "seed and recipe come with it), 'auto' (the shipped base trained for the run's recipe if there is one, else one pre-trained here), "
+           "or 'train' (pre-trained here from the recipe)", default="auto", backbones=_TINY),
+    Option("--train-base", None, "base model p_theta", "pre-train the base here from the task's recipe, even where a shipped base was trained "
+           "for it (the same as --base train)", default=False, backbones=_TINY),
     Option("--allow-failed-base", None, "base model p_theta", "adapt a CVAE even from a base that fails the quality gate (base_gate.json)", default=False, backbones=_TINY),
 )
 
@@ -323,10 +333,11 @@ def _given(a: argparse.Namespace, backbone: str) -> dict[str, tuple[object, str]
     "The configuration fields the user set (path -> (value, flag)); `ValueError` for an option that does not apply to `backbone`."
     for o in OPTIONS:
         v = getattr(a, o.dest)
-        if backbone not in o.backbones and v is not None and v is not False:
+        if backbone not in o.backbones and v is not None and v is not False and not (o.flag == "--base" and v == "auto"):
             raise ValueError(f"{o.flag} applies to the synthetic tasks' small transformer, not to --backbone runs" if backbone == "hf"
                              else f"{o.flag} needs --backbone (a Hugging Face model on disk)")
-    return {o.path: (v, o.flag) for o in OPTIONS if o.path and (v := getattr(a, o.dest)) is not None and v is not False}  # a switch not given sets nothing
+    return {o.path: (False if o.negates else v, o.flag) for o in OPTIONS
+            if o.path and (v := getattr(a, o.dest)) is not None and v is not False}  # a switch not given sets nothing
 
 def _original_switch(cfg, a: argparse.Namespace):
     "The original `--normalize-reconstruction-loss`: the uniform weight moves from R_std to R_dist."
@@ -334,14 +345,23 @@ def _original_switch(cfg, a: argparse.Namespace):
     return dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, lambda_dist=cfg.loss.lambda_dist + cfg.loss.lambda_std, lambda_std=0.0), objective="custom")
 
 # %% ../nbs/10b_cli.ipynb #dc9076ca
+def base_choice(a: argparse.Namespace,  # what `build_parser` parsed
+               ) -> str:                 # 'auto', 'train' or a shipped base's name (`prepare_run`'s base)
+    "Where the run's base comes from: --base, or 'train' for --train-base (refused beside another --base)."
+    if a.train_base and a.base not in ("auto", "train"): raise ValueError(f"--train-base and --base {a.base} ask for two bases; give one")
+    return "train" if a.train_base else a.base
+
 def config_from_args(a: argparse.Namespace,  # what `build_parser` parsed
                     ) -> RunConfig:
     "The small transformer's `RunConfig` of the parsed options, resolved by `resolve_config` as the API resolves it; `ValueError` names the offending option."
     if a.tau is not None and a.beta is not None: raise ValueError("--tau and --beta both set the KL weight; give only one")
+    shipped = base_choice(a) not in BASE_CHOICES
+    if shipped and (a.task or a.regime or a.prior or a.tie_fraction is not None):
+        raise ValueError(f"--base {a.base} brings its own task; drop --task, --regime, --prior and --tie-fraction")
     given = _given(a, "tiny")
     fields = {k: v for k, v in (("prior", a.prior), ("tie_fraction", a.tie_fraction)) if v is not None}
     try: cfg = resolve_config(a.task or DEFAULT_TASK, a.objective, {k: v for k, (v, _) in given.items()}, a.alpha, a.gamma, a.regime,
-                              names={k: flag for k, (_, flag) in given.items()}, **fields)
+                              names={k: flag for k, (_, flag) in given.items()}, base=a.base if shipped else None, **fields)
     except ValueError as e: raise ValueError(_as_flags(str(e))) from None
     return _original_switch(cfg, a)
 
@@ -372,7 +392,10 @@ def command_argv(task: str,                   # a registered task name or module
     by_path = {o.path: o for o in OPTIONS if o.path and "tiny" in o.backbones}
     if unknown := [p for p in overrides if p not in by_path]: raise ValueError(f"no option of basedirected-train sets {', '.join(unknown)}")
     argv = ["--task", task, *(["--regime", regime] if regime else []), "--objective", objective]
-    for path, v in overrides.items(): argv += [by_path[path].flag] if v is True else [by_path[path].flag, str(v)]
+    for path, v in overrides.items():
+        o = by_path[path]
+        if o.negates: argv += [] if v else [o.flag]  # a negating switch stands for False; True is its field's default
+        else: argv += [o.flag] if v is True else [o.flag, str(v)]
     if objective == "theta": argv += ["--alpha", str(alpha), "--gamma", str(gamma)]
     elif objective in ("tok", "tok_cc", "inv_tok"): argv += ["--gamma", str(gamma)]
     return argv + list(flags)
@@ -399,9 +422,10 @@ def _checked(a: argparse.Namespace, world: int):
                                   resume_without_log=a.resume_without_log, tensorboard=a.tensorboard)
     else:
         config = config_from_args(a)
+        base = base_choice(a)
         train = lambda: run(a.run_dir, config, device=a.device, progress=not a.quiet, stop_after=a.stop_after, resume_without_log=a.resume_without_log,
                             require_gate=not a.allow_failed_base, compile=a.compile, shared_prefix=a.shared_prefix, metrics=not a.no_metrics,
-                            tensorboard=a.tensorboard)
+                            tensorboard=a.tensorboard, base=base)
     if config.cvae.latent == "discrete" and config.cvae.K == 1 and not a.allow_inert:
         raise ValueError("--K 1 leaves a discrete latent inert by construction (one code carries no information); pass --allow-inert to run it as a control")
     resolve_device(a.device)
@@ -472,3 +496,22 @@ def hf_train_main(argv: list[str] | None = None,  # the options (None: the comma
                  ) -> int:
     "Console entry point `basedirected-hf-train`: `basedirected-train` with `--backbone` required."
     return train_main(argv, prog="basedirected-hf-train")
+
+# %% ../nbs/10b_cli.ipynb #b36a0949
+def export_main(argv: list[str] | None = None,  # the arguments (None: the command line's)
+               ) -> int:                        # 0; an error exits with status 2 and one line
+    "Console entry point `basedirected-export RUN_DIR OUT`: [`export_run`](10a_hf.ipynb) from the command line (its help needs no optional extra)."
+    p = OneLineParser(prog="basedirected-export", description="Write a Hugging Face run's trained generator as a PEFT adapter directory "
+                      "(embeddings, tokenizer and a README that says how to load it) that peft.PeftModel.from_pretrained loads onto the backbone. "
+                      "Needs pip install -e '.[hf]'.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a finished run directory on a Hugging Face backbone")
+    p.add_argument("out", metavar="OUT", help="the directory to write (absent or empty)")
+    p.add_argument("--whole-model", action="store_true", help="write the whole generator with save_pretrained (LoRA merged): for frozen and full runs")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    try: hf = importlib.import_module("basedirected.hf")
+    except ImportError as e: p.exit(2, f"{p.prog}: error: it needs the Hugging Face extra ({e.name} is not installed): pip install -e '.[hf]'\n")
+    try: print(hf.export_run(a.run_dir, a.out, a.whole_model))
+    except ValueError as e: p.exit(2, f"{p.prog}: error: {e}\n")
+    except OSError as e: p.exit(2, f"{p.prog}: error: {e.filename or a.out}: {e.strerror or e}; nothing was exported\n")
+    except KeyboardInterrupt: p.exit(130, f"{p.prog}: interrupted; nothing was exported\n")
+    return 0

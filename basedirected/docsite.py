@@ -351,6 +351,12 @@ def docs_main(argv: list[str] | None = None,  # command-line arguments (None: th
     p.add_argument("--jobs", type=int, default=2, help="notebooks executed in parallel")
     p.add_argument("--skip", default="", help="comma-separated nbdev flags whose cells are shown unexecuted, e.g. slow (default: execute every cell)")
     a = p.parse_args(argv)
+    import importlib.util, sys
+    def installed(m):
+        try: return importlib.util.find_spec(m) is not None
+        except ValueError: return sys.modules.get(m) is not None  # a module set to None in sys.modules is one that cannot be imported
+    if missing := [m for m in ("nbdev", "execnb", "nbformat", "nbclient", "nbconvert") if not installed(m)]:
+        p.exit(2, f"{p.prog}: error: the documentation build needs {', '.join(missing)}, which the development extra installs: pip install -e '.[dev]'\n")
     pages = build_docs(Path(a.nbs), Path(a.out), a.mathjax, not a.no_execute, a.jobs, skip=tuple(f for f in a.skip.split(",") if f))
     print(f"{len(pages)} pages written to {a.out}/ (open {a.out}/index.html)")
     return 0

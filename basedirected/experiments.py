@@ -25,8 +25,9 @@ import torch
 from .base import FrozenReference, gate_failures
 from .model import ModelConfig
 from .objective import OBJECTIVE_NAMES, objectives
-from .runs import (RunConfig, RunDir, atomic_write_bytes, atomic_write_json, check_writable, environment_record, exclusive_run_dir,
-                               file_lock, load_base, load_checkpoint, prepare_base,
+from .pretrained import BASE_FILES
+from .runs import (RunConfig, RunDir, atomic_write_bytes, atomic_write_json, base_source, check_writable, environment_record, exclusive_run_dir,
+                               file_lock, load_base, load_checkpoint, prepare_base, use_numerics,
                                prepare_gate, prepare_reference_scale, prepare_run, read_json, remove_temporaries, resolve_config, resolve_device, run_vocab, write_command)
 from .tasks import Task, make_splits
 from .cli import command_argv
@@ -34,8 +35,8 @@ from .train import BaseGateError, complete, train_run
 from .groups import pack_groups, train_group
 
 # %% auto #0
-__all__ = ['PRESETS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVATION', 'CUDA_CONTEXT_GIB', 'BASE_FILES', 'Preset',
-           'RunSpec', 'cell_overrides', 'plan', 'plan_cost', 'SweepDir', 'base_dir', 'lock_path', 'prepare_shared_base',
+__all__ = ['PRESETS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVATION', 'CUDA_CONTEXT_GIB', 'Preset', 'RunSpec',
+           'cell_overrides', 'plan', 'plan_cost', 'SweepDir', 'base_dir', 'lock_path', 'prepare_shared_base',
            'check_base_gate', 'select_bases', 'selected_bases', 'skipped_cells', 'clear_cells', 'finished_record',
            'finished', 'check_sweep_dir', 'record_preset', 'cell_locks', 'clear_held_cells', 'run_cell',
            'run_group_cells', 'run_pack', 'die_with_parent', 'pack_memory_gib', 'DevicePlacer', 'cuda_budgets_gib',
@@ -334,16 +335,17 @@ def lock_path(out: Path,   # the sweep's directory
 def prepare_shared_base(out: Path,            # the sweep's directory
                         spec: RunSpec,        # a cell of the (task, data seed) whose base this is
                         device: str = "auto",
+                        base: str = "auto",   # 'auto' (the shipped base of the recipe, else trained here) or 'train' (`base_source`)
                        ) -> dict:             # the base's gate
-    "Train (or reuse) the base model, $\\widehat c_\\theta$ and gate shared by every run of `(spec.regime, data seed)`; returns the gate. Under the base's lock: one process trains it, any other waits and reuses it."
+    "Install (or train, or reuse) the base model, $\\widehat c_\\theta$ and gate shared by every run of `(spec.regime, data seed)`; returns the gate. Under the base's lock: one process prepares it, any other waits and reuses it."
     cfg, dev = spec.config, resolve_device(device)
-    if cfg.threads: torch.set_num_threads(cfg.threads)
+    use_numerics(cfg)
     d = base_dir(out, spec.regime, cfg.data_seed)
     with file_lock(lock_path(out, "base-" + d.name), f"waiting for another process preparing the base {d.name}"):
         d.mkdir(parents=True, exist_ok=True); remove_temporaries(d)
         vocab = run_vocab(cfg)
         train, held_out = make_splits(cfg.task, cfg.n_train, cfg.n_eval, seed=cfg.data_seed)
-        base = prepare_base(d, vocab, train, cfg, dev, held_out=held_out)
+        base = prepare_base(d, vocab, train, cfg, dev, held_out=held_out, shipped=base_source(d, cfg, base)["shipped"])
         prepare_reference_scale(d, base, vocab, train, FrozenReference(base), cfg, dev)
         return prepare_gate(d, base, vocab, cfg, held_out, dev)
 
@@ -631,8 +633,6 @@ def run_placed(needs: list[float],     # each pack's memory estimate, GiB, in th
             yield k, f
 
 # %% ../nbs/11_experiments.ipynb #5d783bf9
-BASE_FILES = ("reference_scale.json", "base_gate.json", "base.pt")  # a shared base: its c_theta, its gate and the model (last: a copy cut short is no base)
-
 def copy_bases(source: Path,      # a folder of shared bases (a sweep's `bases/`, or a collection's copy of it)
                dest: Path,        # the folder they go to
                names: list[str],  # the bases' directory names (<task>-s<seed>)
@@ -712,15 +712,16 @@ def execute(out: Path,              # the sweep's directory
             compile: bool = False,  # compile each group's step
             earlier: Path | None = None,  # an earlier collection of the preset: its cells are not trained here (`earlier_cells`)
             only: str | None = None,  # a regular expression: train only the cells whose key it matches (`re.search`), and their bases
+            base: str = "auto",     # 'auto': each base shipped with the package where one was trained for its recipe, else trained here; 'train': every one trained here
            ) -> list[dict]:         # one metrics record per cell that ran (a skipped base's cells have none), in plan order
     "Run every cell of `preset` under `out`, packing up to `group_size` cells that share a `group_key` into one trained group; returns one metrics record per run (`skipped_cells` names those a failed base skips). With `earlier`, the cells it holds are left out, and so are the bases it gated that this sweep lacks, which must be seeded (`seed_bases`) where a cell left adapts from them. With `only`, the other cells are left for another sitting."
     threads = torch.get_num_threads()  # cells run in this process set the preset's thread count; the caller gets its own back
-    try: return _execute(out, preset, jobs, device, force, progress, group_size, compile, earlier, only)
+    try: return _execute(out, preset, jobs, device, force, progress, group_size, compile, earlier, only, base)
     finally: torch.set_num_threads(threads)
 
 # %% ../nbs/11_experiments.ipynb #91c8e17a
 def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, progress: bool, group_size: int, compile: bool,
-             earlier: Path | None = None, only: str | None = None) -> list[dict]:
+             earlier: Path | None = None, only: str | None = None, base: str = "auto") -> list[dict]:
     out = Path(out); check_sweep_dir(out)
     done, before = earlier_cells(earlier) if earlier is not None else (set(), {})
     every = [s for s in plan(preset) if only is None or re.search(only, s.key)]  # they decide which bases are used
@@ -736,7 +737,7 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
     devices = [f"cuda:{i % n_gpu}" if n_gpu else device for i in range(len(packs))]
     records = {}
     if jobs <= 1:
-        usable = selected_bases(preset, every, lambda keys: [prepare_shared_base(out, shared[k], device) for k in tqdm(keys, desc="base models", disable=not progress)], known)
+        usable = selected_bases(preset, every, lambda keys: [prepare_shared_base(out, shared[k], device, base) for k in tqdm(keys, desc="base models", disable=not progress)], known)
         check_earlier_bases(out, specs, usable, before)
         bar = tqdm(total=len(specs), desc="runs", disable=not progress)
         for pack, dev in zip(packs, devices):
@@ -748,7 +749,7 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
             def prepare(keys):  # the bases in parallel, the longest first
                 order = sorted(keys, key=lambda k: -shared[k].config.base.steps)
-                futures = {k: pool.submit(prepare_shared_base, out, shared[k], devices[i % len(devices)]) for i, k in enumerate(order)}
+                futures = {k: pool.submit(prepare_shared_base, out, shared[k], devices[i % len(devices)], base) for i, k in enumerate(order)}
                 return [futures[k].result() for k in keys]
             usable = selected_bases(preset, every, prepare, known)  # every base gated (and a failed one replaced, with bases_needed) before any run
             check_earlier_bases(out, specs, usable, before)

@@ -10,6 +10,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,7 @@ __all__ = ['LAYOUT_SPECIALS', 'WEIGHT_FILES', 'LOADER', 'HFVocab', 'save_tiny_ba
            'train_rows_only', 'embedding_matrices', 'build_hf_cvae', 'hf_reference', 'build_optimizers',
            'hf_reference_scale', 'hf_metrics', 'task_input', 'task_response', 'hf_generation_metrics',
            'check_hf_inputs', 'check_backbone', 'check_task_data', 'prepare_hf_run', 'load_hf_run', 'hf_run',
-           'hf_run_metrics', 'export_run', 'export_main']
+           'hf_run_metrics', 'model_card', 'export_run']
 
 # %% ../nbs/10a_hf.ipynb #23fc6380
 LAYOUT_SPECIALS = ("<x>", "</x>", "<y>", "</y>", "<z>", "</z>", "<znull>")
@@ -647,8 +648,24 @@ def _export_refusal(rd: RunDir, out: Path, whole_model: bool) -> HFRunConfig:
     config = HFRunConfig.from_dict(record["config"])
     if config.adapt.mode != "lora" and not whole_model:
         raise ValueError(f"{rd.path}: adapt mode {config.adapt.mode!r} trains no adapter; pass --whole-model to write the whole generator with save_pretrained")
+    if not str(out).strip(): raise ValueError("OUT must name a directory, got an empty string")
     if out.exists() and (not out.is_dir() or any(out.iterdir())): raise ValueError(f"{out} exists and is not empty: choose a new directory")
+    if (above := next((q for q in out.parents if q.exists()), None)) is not None and (not above.is_dir() or not os.access(above, os.W_OK | os.X_OK)):
+        raise ValueError(f"{out}: {above} is {'not a directory' if not above.is_dir() else 'not writable'}")
+    if rd.log.exists() and not rd.eval.exists(): raise ValueError(f"{rd.path} has not finished (no eval.json): its checkpoint is a mid-run one; let it finish first")
     return config
+
+def model_card(config: HFRunConfig,  # the exported run's configuration
+               whole_model: bool,    # a whole generator, or an adapter
+              ) -> str:              # README.md of the export
+    "The export's README.md: what it is and the lines that load it back onto the backbone."
+    load = ("model = AutoModelForCausalLM.from_pretrained(OUT)" if whole_model else
+            f"model = AutoModelForCausalLM.from_pretrained({config.backbone!r})\nmodel.resize_token_embeddings(len(tok))  # the layout's tokens and the codes\n"
+            "model = PeftModel.from_pretrained(model, OUT)")
+    return (f"# A CVAE generator trained by basedirected\n\nThe generator g(y|x,z) of a run on `{config.backbone}` ({config.objective}, K = {config.cvae.K} codes, "
+            f"{config.train.steps} steps, adapt {config.adapt.mode}), written by `basedirected-export`. A response under code k follows the prompt laid out as "
+            "`<bos> <x> PROMPT </x> <z> <zk> </z> <y>`.\n\n```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            + ("" if whole_model else "from peft import PeftModel\n") + f"tok = AutoTokenizer.from_pretrained(OUT)\n{load}\n```\n")
 
 
 # %% ../nbs/10a_hf.ipynb #8d18f1f7
@@ -656,32 +673,23 @@ def export_run(run_dir,                     # a run directory on a Hugging Face 
                out,                         # the directory to write (absent or empty)
                whole_model: bool = False,   # write the whole generator (save_pretrained; LoRA merged) instead of the adapter
               ) -> Path:
-    "Write a run's generator as a PEFT adapter (embeddings included) or a whole model, with its tokenizer; an amortized posterior's adapter in `out/posterior`."
+    "Write a run's generator as a PEFT adapter (embeddings included) or a whole model, with its tokenizer and a README that says how to load it; an amortized posterior's adapter in `out/posterior`. Written beside `out` and renamed into place: a kill leaves no half export."
     rd, out = RunDir(run_dir), Path(out)
-    _export_refusal(rd, out, whole_model)
+    config = _export_refusal(rd, out, whole_model)
     run = load_hf_run(rd.path, "cpu")
     gen, post = run.model.generator.model, run.model.posterior
-    if whole_model: (gen.merge_and_unload() if isinstance(gen, peft.PeftModel) else gen).save_pretrained(out)
-    else: gen.save_pretrained(out, save_embedding_layers=True)  # the code rows trained; the added tokens' rows exist only here
-    run.vocab.tokenizer.save_pretrained(out)
-    if isinstance(post, HFCausalLM):  # an amortized posterior: its own adapter (or copy) and head
-        m = post.model.merge_and_unload() if whole_model and isinstance(post.model, peft.PeftModel) else post.model
-        m.save_pretrained(out / "posterior", **({} if whole_model else {"save_embedding_layers": False}))
-        torch.save(run.model.posterior_head.state_dict(), out / "posterior" / "posterior_head.pt")  # an nn.Linear(d_model, K): torch.load(weights_only=True)
+    tmp = out.with_name(f".{out.name}.partial{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        if whole_model: (gen.merge_and_unload() if isinstance(gen, peft.PeftModel) else gen).save_pretrained(tmp)
+        else: gen.save_pretrained(tmp, save_embedding_layers=True)  # the code rows trained; the added tokens' rows exist only here
+        run.vocab.tokenizer.save_pretrained(tmp)
+        if isinstance(post, HFCausalLM):  # an amortized posterior: its own adapter (or copy) and head
+            m = post.model.merge_and_unload() if whole_model and isinstance(post.model, peft.PeftModel) else post.model
+            m.save_pretrained(tmp / "posterior", **({} if whole_model else {"save_embedding_layers": False}))
+            torch.save(run.model.posterior_head.state_dict(), tmp / "posterior" / "posterior_head.pt")  # an nn.Linear(d_model, K): torch.load(weights_only=True)
+        (tmp / "README.md").write_text(model_card(config, whole_model))  # peft's own card is an empty template
+        if out.is_dir(): out.rmdir()  # empty (checked): the rename takes its place
+        os.replace(tmp, out)
+    finally: shutil.rmtree(tmp, ignore_errors=True)
     return out
-
-
-# %% ../nbs/10a_hf.ipynb #18d5744a
-def export_main(argv: list[str] | None = None,  # the arguments (None: the command line's)
-               ) -> int:                        # 0; an error exits with status 2 and one line
-    "Console entry point `basedirected-export RUN_DIR OUT`: `export_run` from the command line."
-    p = argparse.ArgumentParser(prog="basedirected-export", description="Write a Hugging Face run's trained generator as a PEFT adapter directory "
-                                "(embeddings and tokenizer included) that peft.PeftModel.from_pretrained loads onto the backbone.")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory on a Hugging Face backbone with a checkpoint")
-    p.add_argument("out", metavar="OUT", help="the directory to write (absent or empty)")
-    p.add_argument("--whole-model", action="store_true", help="write the whole generator with save_pretrained (LoRA merged): for frozen and full runs")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    try: print(export_run(a.run_dir, a.out, a.whole_model))
-    except ValueError as e: p.exit(2, f"{p.prog}: error: {e}\n")
-    return 0
-

@@ -19,15 +19,17 @@ from .cluster import read_records
 from .comparisons import across_base_interval, sign_flip_pvalue, variance_components, within_base_interval
 from .experiments import SweepDir
 from .reconstruction import TERM_NAMES
+from .pretrained import shipped_name
 from .runs import TrainConfig, RunDir, atomic_write_bytes, atomic_write_json, environment_record, load_run, read_json, read_log
 from .weights import reference_weights
 
 # %% auto #0
 __all__ = ['TABLE_METRICS', 'GROUP_BY', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'PAIRED_METRICS', 'SUCCESS', 'CURVE_TERMS',
-           'aggregate', 'markdown_table', 'contrasts_markdown', 'stats_markdown', 'write_results', 'holm',
-           'paired_difference', 'paired_statistics', 'success_counts', 'base_contrasts', 'metric_components',
-           'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse', 'figure_alignment', 'figure_escape',
-           'figure_curves', 'figure_gain_per_position', 'figure_weights', 'figure_paired', 'write_figures',
+           'ANSWER_METRIC', 'PRIMARY_FIGURES', 'aggregate', 'markdown_table', 'contrasts_markdown', 'stats_markdown',
+           'write_results', 'holm', 'paired_difference', 'paired_statistics', 'success_counts', 'base_contrasts',
+           'metric_components', 'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse', 'figure_alignment',
+           'figure_escape', 'figure_curves', 'figure_gain_per_position', 'figure_weights', 'figure_paired',
+           'answer_rows', 'answer_text', 'figure_answer', 'compare_collections', 'comparison_text', 'write_figures',
            'write_base_gates', 'write_curves', 'write_reports']
 
 # %% ../nbs/12_reports.ipynb #ca5567ef
@@ -533,6 +535,111 @@ def figure_paired(out: Path,  # the sweep's output directory (the figure goes to
     fig.suptitle(f"{regime}: seed by seed", y=1.02); fig.tight_layout(); _save(fig, out, f"paired-{regime}")
     return fig
 
+# %% ../nbs/12_reports.ipynb #289f81c9
+ANSWER_METRIC = "gen_alignment_controlled_all_excess"  # what the answer compares: controlled alignment above its chance level
+
+def answer_rows(records: list[dict],  # one metrics record per run
+               ) -> list[dict]:       # one row per (task, cell, posterior, K, comparison)
+    "Every J_theta arm minus every other arm in controlled alignment above chance, with its 95 % t interval across bases where there are several (else over seeds on the one base), unsettled pairs left out."
+    across = {(r["regime"], r["cell"], r["posterior"], r["K"], r["comparison"]): r for r in base_contrasts(records, (ANSWER_METRIC,))}
+    rows = []
+    for r in paired_statistics(records, (ANSWER_METRIC,)):
+        a = across.get((r["regime"], r["cell"], r["posterior"], r["K"], r["comparison"]))
+        lo, hi, unit = (a["across_lo"], a["across_hi"], f"{r['n']} pairs on {a['bases']} bases, interval across bases") if a else \
+                       (r["ci_lo"], r["ci_hi"], f"{r['n']} seeds on one base")
+        rows.append({k: r[k] for k in ("regime", "cell", "posterior", "K", "comparison", "mean", "n", "unsettled_left_out")} | {"lo": lo, "hi": hi, "unit": unit})
+    return rows
+
+def _signed(x) -> str: return "n/a" if not isinstance(x, float) or not math.isfinite(x) else f"{x:+.3f}".replace("-", "−")
+
+def answer_text(records: list[dict],  # one metrics record per run
+               ) -> str:              # a few lines: per task and cell, the contrasts and the successes
+    "The preset's answer in words: each task and cell's contrasts in controlled alignment above chance with their intervals, then each arm's successes (settled runs)."
+    success = {(s["regime"], s["cell"], s["posterior"], s["K"]): [] for s in success_counts(records)}
+    for s in success_counts(records): success[(s["regime"], s["cell"], s["posterior"], s["K"])].append(s)
+    by = {}
+    for r in answer_rows(records): by.setdefault((r["regime"], r["cell"], r["posterior"], r["K"]), []).append(r)
+    lines = []
+    for g, rows in sorted(by.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        lines.append(f"{g[0]}, {g[1]} ({g[2]} posterior, K {g[3]}), controlled alignment above chance:")
+        for r in rows:
+            left = f"; {r['unsettled_left_out']} unsettled pairs left out" if r["unsettled_left_out"] else ""
+            lines.append(f"  {r['comparison'].replace(' - ', ' − ')}: {_signed(r['mean'])} [{_signed(r['lo'])}, {_signed(r['hi'])}] ({r['unit']}{left})")
+        s = success.get(g, [])
+        if s: lines.append("  successes (alignment >= 0.9 and answers >= 0.98, settled runs): " + ", ".join(f"{x['objective']} {round(x['success'] * x['success_n'])}/{x['success_n']}" for x in s))
+    return "\n".join(lines) if lines else "no contrast: the preset compares no J_theta arm with another on the same units"
+
+# %% ../nbs/12_reports.ipynb #fee72ad8
+def figure_answer(out: Path,  # the sweep's output directory (the figure goes to OUT/figures/answer.png)
+                 ):
+    "The answer drawn, one column per task and cell: above, each arm's controlled alignment per run (coloured by base) beside its chance level; below, each contrast's per-run differences in alignment above chance with its interval (`answer_rows`)."
+    import matplotlib.pyplot as plt
+    from basedirected.cluster import read_records
+    records = [r for r in read_records(out) if r.get("latent") == "discrete" and isinstance(r.get(ANSWER_METRIC), float)]
+    rows = answer_rows(records)
+    groups = sorted({(r["regime"], r["cell"], r["posterior"], r["K"]) for r in rows}, key=lambda g: tuple(map(str, g)))
+    fig, axes = plt.subplots(2, max(len(groups), 1), figsize=(3.6 * max(len(groups), 1), 6.2), squeeze=False)
+    bases = sorted({r.get("base_seed") for r in records}, key=lambda b: -1 if b is None else b)
+    color = {b: f"C{i % 10}" for i, b in enumerate(bases)}
+    for j, g in enumerate(groups):
+        rs = [r for r in records if (r["regime"], _cell(r), r.get("posterior"), r.get("K")) == g]
+        arms = sorted({_arm(r) for r in rs}, key=lambda a: (a != "theta", not a.startswith("theta"), a))
+        top, low = axes[0][j], axes[1][j]
+        for i, a in enumerate(arms):
+            mine = [r for r in rs if _arm(r) == a]
+            for r in mine: top.plot(i, r["gen_alignment_controlled_all"], "x" if r.get("settled") is False else "o", color=color[r.get("base_seed")], ms=4, alpha=0.7)
+            top.plot([i - 0.3, i + 0.3], [statistics.fmean(r["gen_alignment_controlled_all_null"] for r in mine)] * 2, "k--", lw=1)
+        top.set_xticks(range(len(arms)), arms, rotation=30, fontsize=8); top.set_ylim(0, 1.02)
+        top.set_title(f"{g[0]}, {g[1]}", fontsize=9); top.set_ylabel("controlled alignment (dashed: chance)" if j == 0 else "")
+        mine = [r for r in rows if (r["regime"], r["cell"], r["posterior"], r["K"]) == g]
+        objs = _paired_units(records)[g]
+        for i, r in enumerate(mine):
+            a, b = r["comparison"].split(" - ")
+            units, diffs, _ = _pairs(objs, a, b, ANSWER_METRIC)
+            low.scatter([i + 0.08 * ((k % 5) - 2) for k in range(len(diffs))], diffs, s=12, color=[color[u[0]] for u in units], alpha=0.7, lw=0)
+            if math.isfinite(r["lo"]): low.errorbar(i + 0.3, r["mean"], yerr=[[r["mean"] - r["lo"]], [r["hi"] - r["mean"]]], fmt="D", color="C3", ms=5, capsize=3)
+        low.axhline(0, color="k", lw=0.6)
+        low.set_xticks(range(len(mine)), [r["comparison"].replace(" - ", " −\n") for r in mine], fontsize=8)
+        low.set_ylabel("difference, alignment above chance" if j == 0 else "")
+    if len(bases) > 1: axes[0][0].legend(handles=[plt.Line2D([], [], marker="o", ls="", color=color[b], label=f"base {b}") for b in bases], fontsize=7, frameon=False)
+    fig.suptitle("the answer: each point a run (x: not settled); red, the mean with its 95 % interval", y=1.0, fontsize=10)
+    fig.tight_layout(); _save(fig, out, "answer")
+    return fig
+
+# %% ../nbs/12_reports.ipynb #5152c716
+PRIMARY_FIGURES = ("rate", "gen_alignment_controlled_all", "gen_answer_rate", "I_zs_norm", "alignment_posterior", "eval_loss")  # what --compare checks
+
+def _seedless(key: str) -> str: return key.rsplit("-s", 1)[0]  # a cell's key without its CVAE seed: the cell its seeds replicate
+
+def compare_collections(records: list[dict],        # a rerun's records
+                        reference: list[dict],      # the reference collection's (`read_records`)
+                        figures: tuple[str, ...] = PRIMARY_FIGURES,
+                       ) -> list[dict]:             # one row per (cell without its seed, figure)
+    "Each primary figure of the cells both hold: how many equal the reference exactly, and how many fall inside the reference's seed range of the same cell."
+    ref = {r["key"]: r for r in reference}
+    rows = {}
+    for r in sorted(records, key=lambda r: r["key"]):
+        if r["key"] not in ref: continue
+        cell = _seedless(r["key"])
+        seeds = [x for x in reference if _seedless(x["key"]) == cell]
+        for f in figures:
+            mine, theirs, span = r.get(f), ref[r["key"]].get(f), [x[f] for x in seeds if isinstance(x.get(f), (int, float))]
+            if not isinstance(mine, (int, float)) or not isinstance(theirs, (int, float)) or not span: continue
+            row = rows.setdefault((cell, f), {"cell": cell, "figure": f, "cells": 0, "exact": 0, "inside": 0, "lo": min(span), "hi": max(span), "values": []})
+            row["cells"] += 1; row["exact"] += mine == theirs; row["inside"] += min(span) <= mine <= max(span); row["values"].append(mine)
+    return [{**r, "values": " ".join(f"{v:.4f}" for v in r["values"])} for r in rows.values()]
+
+def comparison_text(rows: list[dict],  # `compare_collections`'s rows
+                   ) -> str:
+    "One line per figure over every cell: exact agreements, then agreement within the reference's seed range, and the cells outside it."
+    lines = []
+    for f in dict.fromkeys(r["figure"] for r in rows):
+        mine = [r for r in rows if r["figure"] == f]
+        n, exact, inside = (sum(r[k] for r in mine) for k in ("cells", "exact", "inside"))
+        outside = [f"{r['cell']} ({r['values']} outside [{r['lo']:.4f}, {r['hi']:.4f}])" for r in mine if r["inside"] < r["cells"]]
+        lines.append(f"  {f}: {exact}/{n} cells equal the reference exactly, {inside}/{n} inside its seed range" + (f"; outside: {'; '.join(outside[:3])}" + (" ..." if len(outside) > 3 else "") if outside else ""))
+    return "\n".join(lines) if lines else "  no cell in common with the reference"
+
 # %% ../nbs/12_reports.ipynb #894eb902
 def write_figures(out: Path,  # the sweep's output directory (figures go to OUT/figures)
                  ) -> None:
@@ -548,6 +655,7 @@ def write_figures(out: Path,  # the sweep's output directory (figures go to OUT/
     for regime in sorted({r["regime"] for r in rows}):
         plt.close(figure_gain_per_position(out, regime))
         if any(r["regime"] == regime and r.get("objective") == "theta" and r.get("latent") == "discrete" for r in rows): plt.close(figure_paired(out, regime))
+    if any(r.get("latent") == "discrete" for r in rows): plt.close(figure_answer(out))
     if run_dirs(out): plt.close(figure_curves(out))  # a collection merged from an earlier one may have no run directory here
     here = [r for r in rows if SweepDir(out).run(r["key"]).config.is_file()]  # an earlier collection's cells have no run directory here
     if here: plt.close(figure_weights(out, regime=here[0]["regime"], seed=int(here[0]["seed"])))
@@ -603,5 +711,7 @@ def write_reports(out: Path,            # the sweep's output directory
     # the gain per response position of every run (its list is no column of results.csv): per-run figures from the reference files alone
     atomic_write_bytes(out / "positions.csv", _csv_bytes([{"key": r["key"], "position": t + 1, "gain": g} for r in records for t, g in enumerate(r.get("gain_per_position") or [])],
                                                          ["key", "position", "gain"]))
-    atomic_write_json(SweepDir(out).summary, {**summary, "runs": len(records), "environment": environment_record(0)})
+    bases = SweepDir(out).bases
+    shipped = {d.name: shipped_name(d / "base.pt") or "trained" for d in sorted(bases.iterdir()) if (d / "base.pt").is_file()} if bases.is_dir() else {}
+    atomic_write_json(SweepDir(out).summary, {**summary, "runs": len(records), "bases_shipped": shipped, "environment": environment_record(0)})
     write_figures(out)

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 from .cli import OneLineParser, add_dataclass_options, dataclass_from_args
-from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, earlier_collection, preset_from_record, submit_sweep
+from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, earlier_collection, preset_from_record, read_records, submit_sweep
 from .experiments import PRESETS, SweepDir, execute, finished, plan, seed_bases
-from .reports import write_reports
-from .runs import environment_record, read_json, resolve_device
+from .reports import answer_text, compare_collections, comparison_text, write_reports
+from .runs import atomic_write_bytes, environment_record, read_json, resolve_device
 from .train import NonFiniteError
 
 # %% auto #0
@@ -54,8 +54,9 @@ def _run_sweep(a, out: Path, cluster: ClusterConfig, jobs: int, group_size: int)
         return records, missing, {"preset": a.preset, "executor": "submitit", "cluster": report["cluster"], "jobs_submitted": report["submitted"],
                                   "jobs_failed": len(report["failed"]), "group_size": group_size, "compiled": a.compile}
     records = execute(out, preset, jobs=jobs, device=a.device, force=a.force, progress=not a.quiet, group_size=group_size, compile=a.compile,
-                      earlier=earlier, only=a.only)
-    summary = {"preset": a.preset, "executor": "pool", "jobs": jobs, "group_size": group_size, "compiled": a.compile, **({"only": a.only} if a.only else {})}
+                      earlier=earlier, only=a.only, base="train" if a.train_bases else "auto")
+    summary = {"preset": a.preset, "executor": "pool", "jobs": jobs, "group_size": group_size, "compiled": a.compile, **({"only": a.only} if a.only else {}),
+               "bases": "trained here" if a.train_bases else "shipped where one serves the recipe"}
     if earlier is None and a.only is None: return records, [], summary
     if earlier is None: return (*collect(out, preset), summary)  # every finished cell of the directory, and the others named missing
     records, missing = collect(out, preset, earlier)  # this sitting's cells, and the earlier collection's
@@ -101,6 +102,10 @@ def repro_parser() -> OneLineParser:
     p.add_argument("--only", default=None, metavar="REGEX", help="train only the cells whose key matches REGEX (a Python regular expression, "
                    "searched: e.g. grid_pathfinding, or coupling1-base2), and the bases they adapt from; the others are named missing and are "
                    "left for a rerun without --only or a later sitting (--earlier)")
+    p.add_argument("--train-bases", action="store_true", help="pre-train every base here from its recipe, even where a base shipped with "
+                   "the package was trained for it (by default the cells adapt from the shipped bases: basedirected.pretrained.catalogue())")
+    p.add_argument("--compare", default=None, metavar="REF", help="a reference collection of the same preset (reference/<preset>): after the "
+                   "tables, say for each primary figure how many cells equal it exactly and how many fall inside its seed range (comparison.csv)")
     p.add_argument("--jobs", type=int, default=None, help="--executor pool: parallel worker processes, one run each (default: one per CPU core, at most 8)")
     p.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
     p.add_argument("--force", action="store_true", help="rerun finished runs instead of skipping them")
@@ -143,6 +148,8 @@ def repro_main(argv: list[str] | None = None,  # command-line arguments (None: t
         try: re.compile(a.only)
         except re.error as e: p.error(f"--only {a.only!r} is not a regular expression ({e})")
     if a.earlier is not None and not (Path(a.earlier) / "results.csv").is_file(): p.error(f"--earlier {a.earlier}: no results.csv there (it must be a collected sweep)")
+    if a.compare is not None and not (Path(a.compare) / "results.csv").is_file(): p.error(f"--compare {a.compare}: no results.csv there (it must be a collected sweep)")
+    if a.train_bases and (a.collect or a.bases is not None): p.error("--train-bases trains the sweep's bases: " + ("--collect trains nothing" if a.collect else "--bases seeds them"))
     out = Path(a.out or f"runs/repro-{a.preset}")
     if out.exists() and not out.is_dir(): p.error(f"--out {out} is a file, not a directory")
     if not a.collect:  # a directory the sweep can write, or one line saying why not, before any work
@@ -160,9 +167,21 @@ def repro_main(argv: list[str] | None = None,  # command-line arguments (None: t
     wall = time.perf_counter() - t0
     if records: write_reports(out, records, {**summary, "wall_seconds": wall, "missing": missing}, Path(a.earlier) if a.earlier else None)
     else: print(f"no cell of the sweep in {out} has finished yet")
-    if records: print((out / "table.md").read_text())
+    if records:
+        print(f"tables in {out}/table.md and stats.md; the answer, drawn in {out}/figures/answer.png:")
+        print(answer_text(records))
     env = environment_record(0)
     print(f"{len(records)} runs in {wall:.0f} s on {env['cpu_count']} CPU cores{' + ' + env['cuda'] if env['cuda'] else ''}; "
           f"tables, figures and per-run logs in {out}/")
     if missing: print(_missing_message(out, missing))
+    if a.compare is not None and records: _compare(out, records, Path(a.compare))
     return 1 if missing else 0
+
+# %% ../nbs/12b_repro.ipynb #bc9fab8c
+def _compare(out: Path, records: list[dict], reference: Path):
+    "`--compare`: print how the collection's primary figures agree with `reference`'s, write `comparison.csv`, and say on which CPUs each was made."
+    rows = compare_collections(records, read_records(reference))
+    cols = ["cell", "figure", "cells", "exact", "inside", "lo", "hi", "values"]
+    atomic_write_bytes(out / "comparison.csv", ("\n".join([",".join(cols)] + [",".join(str(r[c]) for c in cols) for r in rows]) + "\n").encode())
+    cpu = lambda d: (read_json(d / "summary.json").get("environment", {}).get("cpu") if (d / "summary.json").is_file() else None) or "not recorded"
+    print(f"against {reference} (made on: {cpu(reference)}; this collection: {cpu(out)}):\n" + comparison_text(rows))

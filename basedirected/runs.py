@@ -30,6 +30,7 @@ from .base import (GATE, GATE_SAMPLES_PER_INPUT, BaseTrainConfig, FrozenReferenc
 from .conventions import check_nonnegative, check_positive, check_unit_interval, patch
 from .cvae import CVAEConfig, build_cvae
 from .model import EncodedExamples, ModelConfig, TinyCausalLM, layout_tokens
+from .pretrained import base_key, catalogue, check_pretrained, file_sha256, install_pretrained, pretrained_for, shipped_name, verify_pretrained
 from .objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig, objectives
 from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, Task, Vocab, break_even_beta, check_task, make_splits, make_task, task_class, task_from_dict
@@ -38,14 +39,15 @@ from .visiting_order import VisitingOrder
 import basedirected.addition, basedirected.grid_pathfinding, basedirected.sorting  # noqa: F401
 
 # %% auto #0
-__all__ = ['LR_SCHEDULES', 'MAX_KL_WEIGHT', 'DEFAULT_TASK', 'DEFAULT_RUN', 'ADAPT_MODES', 'OPTIMIZERS', 'TrainConfig',
-           'MetricsConfig', 'RunConfig', 'rename_fields', 'apply_overrides', 'recipe_overrides', 'objective_training',
-           'default_changes', 'resolve_config', 'AdaptConfig', 'HFRunConfig', 'RunDir', 'atomic_write_bytes',
-           'atomic_write_json', 'atomic_torch_save', 'load_checkpoint', 'read_json', 'trained_state',
-           'load_trained_state', 'file_lock', 'exclusive_run_dir', 'remove_temporaries', 'read_log', 'truncate_log',
-           'environment_record', 'resolve_device', 'run_vocab', 'distributed_setup', 'barrier', 'gather_floats',
-           'shard_indices', 'load_base', 'prepare_base', 'prepare_reference_scale', 'prepare_gate', 'Run',
-           'read_reference_scale', 'write_run_record', 'write_command', 'check_writable', 'check_run_dir',
+__all__ = ['LR_SCHEDULES', 'MAX_KL_WEIGHT', 'DEFAULT_TASK', 'DEFAULT_RUN', 'ADAPT_MODES', 'OPTIMIZERS', 'BASE_CHOICES',
+           'BASE_CHECKPOINT_EVERY', 'LOADERS', 'TrainConfig', 'MetricsConfig', 'RunConfig', 'rename_fields',
+           'apply_overrides', 'recipe_overrides', 'objective_training', 'pretrained_overrides', 'default_changes',
+           'resolve_config', 'AdaptConfig', 'HFRunConfig', 'RunDir', 'atomic_write_bytes', 'atomic_write_json',
+           'atomic_torch_save', 'load_checkpoint', 'read_json', 'trained_state', 'load_trained_state', 'file_lock',
+           'exclusive_run_dir', 'remove_temporaries', 'read_log', 'truncate_log', 'environment_record', 'cpu_model',
+           'use_numerics', 'resolve_device', 'run_vocab', 'distributed_setup', 'barrier', 'gather_floats',
+           'shard_indices', 'load_base', 'base_source', 'prepare_base', 'prepare_reference_scale', 'prepare_gate',
+           'Run', 'read_reference_scale', 'write_run_record', 'write_command', 'check_writable', 'check_run_dir',
            'RunInputError', 'check_sequence_lengths', 'prepare_run', 'load_run']
 
 # %% ../nbs/09_runs.ipynb #5b8a5de2
@@ -149,6 +151,9 @@ class RunConfig:
     c_samples: int = 2000                           # samples for c_theta
     metrics: MetricsConfig = MetricsConfig()        # responses the held-out generation metrics sample
     threads: int = 0                                # torch CPU threads (0: torch's default); CPU float sums, and so results, depend on it
+    flush_subnormals: bool = True                   # flush subnormal floats to zero on the CPU, TensorFlow's default: once the base predicts
+                                                    # confidently, gradients underflow into subnormals that slow CPU matrix products about 3x;
+                                                    # results differ from False at round-off (a record written before the field: False)
 
     def __post_init__(self):
         for name in ("seed", "base_seed"):
@@ -156,6 +161,7 @@ class RunConfig:
             if (v is not None or name == "seed") and (type(v) is not int or not 0 <= v < 2**31): raise ValueError(f"{name} must be an integer in [0, 2**31), got {v!r}")
         # `type`, not isinstance: True is an int to Python
         if type(self.threads) is not int or self.threads < 0: raise ValueError(f"threads must be an integer >= 0, got {self.threads!r}")
+        if type(self.flush_subnormals) is not bool: raise ValueError(f"flush_subnormals must be True or False, got {self.flush_subnormals!r}")
         if self.train.tau is not None:
             probe = self.task.generate(1, 0)[0]
             if self.task.ideal_surprisal(probe) is None or self.task.oracle_surprisal(probe) is None:
@@ -179,7 +185,8 @@ class RunConfig:
         train = dict(d["train"]); train["beta"] = BetaSchedule(**train["beta"])
         return cls(**{**d, "task": task_from_dict(d["task"]), "base": BaseTrainConfig(**base), "cvae": CVAEConfig(**d["cvae"]),
                       "loss": ReconstructionLossConfig(**d["loss"]), "train": TrainConfig(**train),
-                      "metrics": MetricsConfig(**d.get("metrics", {}))})  # records written before generation sizes were configured
+                      "metrics": MetricsConfig(**d.get("metrics", {})),  # records written before generation sizes were configured
+                      "flush_subnormals": d.get("flush_subnormals", False)})  # ... and before subnormals were flushed
 
 # %% ../nbs/09_runs.ipynb #3ffa365c
 def rename_fields(message: str,           # a validation message that names configuration fields
@@ -231,6 +238,12 @@ def objective_training(objective: str,          # a name of the objectives table
 DEFAULT_TASK = "sorting"
 DEFAULT_RUN = {"cvae.posterior": "exact", "train.tau": 0.07, "train.steps": 700}  # what a run is unless told otherwise (K: the task's strategies)
 
+def pretrained_overrides(key: dict,  # a shipped base's recipe (`base_key`)
+                        ) -> dict[str, object]:  # dotted RunConfig paths -> its values
+    "The configuration changes that make a run's recipe a shipped base's: its data seed, training size and every field of its base configuration."
+    flat = lambda d, pre: {k2: v2 for k, v in d.items() for k2, v2 in (flat(v, f"{pre}{k}.") if isinstance(v, dict) and k != "input_overrides" else {f"{pre}{k}": v}).items()}
+    return {"base_seed": key["seed"], "n_train": key["n_train"], **flat(key["base_config"], "base.")}
+
 def default_changes(task: Task,              # the run's task
                     overrides: dict,         # the changes asked for
                    ) -> dict[str, object]:   # DEFAULT_RUN's changes that `overrides` leaves open
@@ -252,9 +265,13 @@ def resolve_config(task: Task | str = DEFAULT_TASK,      # a task, or a register
                    alpha: float | None = None, gamma: float | None = None,  # theta's weights (None: 0.5 and 1)
                    regime: str | None = None,             # a named preset of a task given by name
                    names: dict[str, str] | None = None,   # dotted path -> the caller's name for it, in error messages
+                   base: str | None = None,               # a shipped base's name: the task, the data seed and the base's recipe are its own
                    **task_fields,                         # fields of a task given by name (e.g. prior, tie_fraction)
                   ) -> RunConfig:
-    "One run's complete configuration: the task's base recipe, `default_changes`, the objective's loss and KL treatment, then `overrides` (a `loss.lambda_*` makes it `custom`)."
+    "One run's complete configuration: the task's base recipe (or a shipped base's), `default_changes`, the objective's loss and KL treatment, then `overrides` (a `loss.lambda_*` makes it `custom`)."
+    if base is not None:  # the shipped base's recipe, beneath whatever the caller changes (a change it was not trained for is refused when the run starts)
+        shipped = check_pretrained(base)
+        task, overrides = task_from_dict(shipped.key["task"]), {**pretrained_overrides(shipped.key), **(overrides or {})}
     t = task if isinstance(task, Task) else make_task(task, regime, **task_fields)
     changes = {**recipe_overrides(t), **default_changes(t, overrides or {}), **(overrides or {})}
     if "base.model.d_model" in (overrides or {}) and "base.model.d_ff" not in (overrides or {}): changes["base.model.d_ff"] = 4 * changes["base.model.d_model"]
@@ -345,9 +362,10 @@ class RunDir:
     metrics = property(lambda self: self.path / "metrics.json")
     command = property(lambda self: self.path / "command.txt")
     gate = property(lambda self: self.path / "base_gate.json")
+    base_checkpoint = property(lambda self: self.path / "base_checkpoint.pt")  # the base's pre-training state, until base.pt is written
     def files(self) -> list[Path]:
         "Every file this package writes into a run directory."
-        return [self.config, self.base, self.scale, self.gate, self.log, self.checkpoint, self.eval, self.metrics, self.command]
+        return [self.config, self.base, self.base_checkpoint, self.scale, self.gate, self.log, self.checkpoint, self.eval, self.metrics, self.command]
     def is_run(self) -> bool:
         "The directory holds a run this package wrote: a `config.json` with a configuration and an environment record (a file of that name alone is not a run)."
         try: return _is_run_record(read_json(self.config))
@@ -517,9 +535,20 @@ def environment_record(seed: int,  # the run's seed, recorded with it
         except PackageNotFoundError: return None
     return {"seed": seed, "git_revision": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain")),
             "basedirected": __version__, "torch": torch.__version__, "numpy": numpy.__version__, "sympy": installed("sympy"),
-            "python": platform.python_version(), "machine": platform.machine(), "processor": platform.processor(),
+            "python": platform.python_version(), "machine": platform.machine(), "processor": platform.processor(), "cpu": cpu_model(),
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+def cpu_model() -> str:
+    "The CPU's model name (Linux's /proc/cpuinfo, else the platform's processor): the kind of machine whose kernels a seeded run's figures are exact on."
+    try: return next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name"))
+    except (OSError, StopIteration): return platform.processor() or platform.machine()
+
+def use_numerics(config,  # a RunConfig (threads, flush_subnormals) or any configuration
+                ) -> None:
+    "Set this process's torch threads (where the configuration names them) and its treatment of subnormal floats: what a run's CPU results depend on."
+    if getattr(config, "threads", 0): torch.set_num_threads(config.threads)
+    torch.set_flush_denormal(getattr(config, "flush_subnormals", False))
 
 def resolve_device(device: str = "auto",  # 'auto', 'cpu' or 'cuda[:i]'
                   ) -> torch.device:
@@ -575,9 +604,7 @@ def _same(a, b) -> bool:
     "Equal once written as JSON (tuples and lists alike)."
     return json.loads(json.dumps(a)) == json.loads(json.dumps(b))
 
-def _base_key(config: RunConfig) -> dict:
-    "What a base model depends on: its training configuration, its seed (the data seed), the task and the training split's size."
-    return {"base_config": asdict(config.base), "seed": config.data_seed, "task": config.task.to_dict(), "n_train": config.n_train}
+_base_key = base_key  # what a base, its c_theta and its gate are keyed by ([notebook 06b](06b_pretrained.ipynb))
 
 def load_base(run_dir: Path,                     # a run directory (or a shared base's)
               vocab: Vocab,
@@ -594,6 +621,26 @@ def load_base(run_dir: Path,                     # a run directory (or a shared 
     model.load_state_dict(ck["model"])
     return model.eval()
 
+# %% ../nbs/09_runs.ipynb #314c591c
+BASE_CHOICES = ("auto", "train")  # beside a shipped base's name: the shipped base of the recipe if there is one, else trained here; trained here
+
+def base_source(run_dir: Path,      # the run directory (or a sweep's shared base directory)
+                config: RunConfig,  # the run's configuration (its recipe)
+                base: str = "auto", # 'auto', 'train' or a shipped base's name
+               ) -> dict:           # {'shipped': name or None}: what config.json records
+    "Which base the run adapts from: a shipped one (by name) or one trained here; `ValueError` where the directory holds a base that contradicts the choice or its record."
+    if base not in BASE_CHOICES: check_pretrained(base, config)  # an unknown name, or another recipe, refused before anything
+    rd = RunDir(run_dir)
+    recorded = read_json(rd.config).get("base", {}).get("shipped") if rd.is_run() else None
+    if rd.base.is_file() and (ck := load_checkpoint(rd.base)).get("base_config") is not None and _same({k: ck.get(k) for k in ("base_config", "seed", "task", "n_train")}, _base_key(config)):
+        here = shipped_name(rd.base)
+        if recorded and here != recorded: verify_pretrained(check_pretrained(recorded), rd.path, files=("base.pt",))  # names the changed file
+        if base == "train" and here: raise ValueError(f"{rd.base} is the shipped base {here}, and the run asks to train its own (--train-base): choose another --run-dir, or --force")
+        if base not in BASE_CHOICES and here != base: raise ValueError(f"{rd.base} is not the shipped base {base}: choose another --run-dir, or --force")
+        return {"shipped": here}
+    return {"shipped": None if base == "train" else pretrained_for(config) if base == "auto" else base}
+
+# %% ../nbs/09_runs.ipynb #105842f2
 def prepare_base(run_dir: Path,               # where base.pt is, or goes
                  vocab: Vocab,
                  train: list[Example],        # the run's training split
@@ -601,14 +648,27 @@ def prepare_base(run_dir: Path,               # where base.pt is, or goes
                  device,
                  progress=False,              # a progress bar over pre-training
                  held_out: list[Example] = (),  # inputs the base never sees
+                 shipped: str | None = None,  # a shipped base to install where base.pt is missing (`base_source`); None: train it
+                 on_step=None,                # called as on_step(step, model) after each pre-training step (a run's progress)
                 ) -> TinyCausalLM:
-    "Load `base.pt` from `run_dir` if it matches `config`, else pre-train it (on `base_training_examples`, never on a `held_out` input) and save it."
+    "Load `base.pt` from `run_dir` if it matches `config`; else install the shipped base `shipped`; else pre-train it (on `base_training_examples`, never on a `held_out` input), from `base_checkpoint.pt` where a kill left one, and save it."
     model = load_base(run_dir, vocab, config)
     if model is not None: return model.to(device)
+    rd = RunDir(run_dir)
+    if shipped is not None:
+        install_pretrained(shipped, rd.path)
+        return load_base(rd.path, vocab, config).to(device)
+    state = load_checkpoint(rd.base_checkpoint) if rd.base_checkpoint.is_file() else None
+    if state is not None and not _same(state.get("key"), _base_key(config)): state = None  # another recipe's: trained again from the start
+    save = lambda s: atomic_torch_save(rd.base_checkpoint, {**s, "key": _base_key(config)})
     examples = base_training_examples(config.task, train, config.base, config.data_seed, held_out)
-    model, losses = pretrain_base(vocab, examples, config.base, seed=config.data_seed, device=device, progress=progress)
-    atomic_torch_save(RunDir(run_dir).base, {"model": model.state_dict(), **_base_key(config), "final_loss": losses[-1]})
+    model, losses = pretrain_base(vocab, examples, config.base, seed=config.data_seed, device=device, progress=progress, on_step=on_step,
+                                  resume=state, on_checkpoint=save, checkpoint_every=BASE_CHECKPOINT_EVERY)
+    atomic_torch_save(rd.base, {"model": model.state_dict(), **_base_key(config), "final_loss": losses[-1]})
+    rd.base_checkpoint.unlink(missing_ok=True)
     return model
+
+BASE_CHECKPOINT_EVERY = 250  # pre-training steps a kill can lose
 
 # %% ../nbs/09_runs.ipynb #d2fd9d87
 def prepare_reference_scale(run_dir: Path,      # where reference_scale.json is, or goes
@@ -821,48 +881,58 @@ def prepare_run(run_dir: Path,                     # the run directory (made if 
                 device: str = "auto",              # 'auto', 'cpu' or 'cuda[:i]' (under torchrun each process takes its LOCAL_RANK GPU)
                 progress: bool = False,            # a progress bar over the base's pre-training
                 resume_without_log: bool = False,  # a checkpoint without its log.jsonl may resume
+                base: str = "auto",                # 'auto' (the shipped base of the recipe, else trained here), 'train', or a shipped base's name
+                on_base_step=None,                 # called as on_base_step(step, model) after each pre-training step of a base trained here
                ) -> Run:
     "Everything a new or resumed run needs, with `config.json` written first; the CVAE is freshly initialized from the base. Under `torchrun` rank 0 writes every file and the other processes read them."
     rd = RunDir(run_dir)
     rank, world, device = distributed_setup(device)
     if rank == 0: check_run_dir(rd.path, config, resume_without_log)
-    if config.threads: torch.set_num_threads(config.threads)
+    use_numerics(config)
     try:
         check_task(config.task)  # a task of the user's own is exercised before anything is written
         train, held_out = make_splits(config.task, config.n_train, config.n_eval, seed=config.data_seed)  # e.g. too few distinct inputs
     except ValueError as e: raise RunInputError(f"task {config.task.name}: {e}") from None
     check_sequence_lengths(config, train + held_out)  # before anything is written
     vocab = run_vocab(config)
+    try: source = base_source(rd.path, config, base)
+    except ValueError as e: raise RunInputError(str(e)) from None
     if rank == 0:
         rd.path.mkdir(parents=True, exist_ok=True)
-        write_run_record(rd, config, world, task_class=_task_spec(config.task))
+        write_run_record(rd, config, world, task_class=_task_spec(config.task), base=source)
     for turn in (0, 1):  # rank 0 trains the base and estimates c_theta; then the others find them on disk
         if (rank == 0) == (turn == 0):
-            base = prepare_base(rd.path, vocab, train, config, device, progress and rank == 0, held_out)
-            scale = prepare_reference_scale(rd.path, base, vocab, train, FrozenReference(base), config, device)
-            if world > 1 and rank == 0: prepare_gate(rd.path, base, vocab, config, held_out, device)  # measured once, read by every process
+            model = prepare_base(rd.path, vocab, train, config, device, progress and rank == 0, held_out, source["shipped"], on_base_step)
+            scale = prepare_reference_scale(rd.path, model, vocab, train, FrozenReference(model), config, device)
+            if world > 1 and rank == 0: prepare_gate(rd.path, model, vocab, config, held_out, device)  # measured once, read by every process
         if turn == 0: barrier(world)
     torch.manual_seed(config.seed)
-    model = build_cvae(base, vocab, config.cvae, seed=config.seed).to(device)
-    run = Run(rd, config, device, vocab, train, held_out, base, scale, model, rank=rank, world=world)
+    cvae = build_cvae(model, vocab, config.cvae, seed=config.seed).to(device)
+    run = Run(rd, config, device, vocab, train, held_out, model, scale, cvae, rank=rank, world=world)
     run.kl_weight(config.train.steps)  # resolved before any training: a task without a break-even, or a weight that overflows, fails here
     return run
 
 # %% ../nbs/09_runs.ipynb #8fa6cc9a
+LOADERS = ("basedirected.hf:load_hf_run",)  # the package's loaders of runs on other backbones, the only functions a config.json may name
+
 def load_run(run_dir: Path,          # a run directory the package wrote, on any backbone
              device: str = "cpu",
             ) -> Run:
-    "A run rebuilt from its directory alone, whatever its backbone; the CVAE holds the weights of `checkpoint.pt` (fresh from the base if there is none)."
+    "A run rebuilt from its directory alone, whatever its backbone; the CVAE holds the weights of `checkpoint.pt` (fresh from the base if there is none). A run directory is data: it names one of the package's own loaders, never code to run."
     rd = RunDir(run_dir)
     if not rd.is_run(): raise ValueError(f"{rd.path} is not a run directory (no config.json)")
     record = read_json(rd.config)
-    if record.get("loader"):  # a run on another backbone names the function that rebuilds it ("module:function")
+    if record.get("loader"):  # a run on another backbone names the loader that rebuilds it
+        if record["loader"] not in LOADERS:
+            raise ValueError(f"{rd.config} names the loader {record['loader']!r}, which is not one of the package's ({', '.join(LOADERS)}); nothing was run")
         module, _, name = record["loader"].partition(":")
         return getattr(importlib.import_module(module), name)(rd.path, device)
     if ":" in (spec := record.get("task_class") or "") and record["config"]["task"].get("name") not in Task.registry:
         task_class(spec)  # a task of the user's own registers when its module is imported
     config, device = RunConfig.from_dict(record["config"]), resolve_device(device)
+    use_numerics(config)
     vocab = run_vocab(config)
+    if (shipped := record.get("base", {}).get("shipped")) and rd.base.is_file(): verify_pretrained(check_pretrained(shipped), rd.path, files=("base.pt",))
     base = load_base(rd.path, vocab, config)
     if base is None: raise ValueError(f"{rd.base} is missing or was made for another configuration")
     if not rd.scale.exists(): raise ValueError(f"{rd.scale} is missing: the run stopped before estimating c_theta")

@@ -24,13 +24,17 @@ from .conventions import trusted_values
 from .cvae import objective_terms, posterior_forward
 from .metrics import evaluate_model, posterior_meaning, settling
 from .objective import loss_reference_weights
-from .runs import (Run, RunConfig, TrainConfig, atomic_torch_save, atomic_write_json, barrier, exclusive_run_dir, gather_floats, load_checkpoint,
-                               load_trained_state, prepare_run, read_json, read_log, shard_indices, trained_state, truncate_log)
+from .model import TinyCausalLM, layout_tokens
+from .base import GATE_SAMPLES_PER_INPUT, response_budget
+from .pretrained import file_sha256
+from .runs import (Run, RunConfig, RunDir, TrainConfig, atomic_torch_save, atomic_write_json, barrier, base_source, exclusive_run_dir, gather_floats,
+                               load_checkpoint, load_trained_state, prepare_run, read_json, read_log, run_vocab, shard_indices, trained_state, truncate_log, use_numerics)
 from .tasks import batch_indices, break_even_beta
 
 # %% auto #0
 __all__ = ['evaluate', 'NonFiniteError', 'check_batch_split', 'train_step', 'Stepper', 'OneRun', 'ShardedRun', 'TensorBoardSink',
-           'fit', 'train_run', 'BaseGateError', 'gate_message', 'compile_cvae', 'run_metrics', 'complete', 'run']
+           'fit', 'matmul_seconds', 'run_plan', 'plan_text', 'RunBar', 'train_run', 'BaseGateError', 'gate_message',
+           'compile_cvae', 'run_metrics', 'complete', 'run']
 
 # %% ../nbs/10_train.ipynb #f9c72bad
 @torch.no_grad()
@@ -290,7 +294,7 @@ def _finals(runs: list[Run], s, stopped: dict, end: int) -> list:
 # %% ../nbs/10_train.ipynb #87b7c34e
 def fit(runs: list[Run],                        # prepared runs (`prepare_run`, `prepare_hf_run`) that the stepper trains together
         stepper=None,                           # builds the stepper from the runs: None picks OneRun, or ShardedRun under torchrun; RunGroup for many
-        progress: bool = False,                 # a progress bar (rank 0)
+        progress=False,                         # a progress bar (rank 0): True for the loop's own, or a run's `RunBar` that covers the whole run
         stop_after: int | None = None,          # stop after this many steps (as if interrupted)
         tensorboard: str | Path | None = None,  # also write every record as TensorBoard events here (rank 0; a group's runs in subdirectories)
        ) -> list[dict | NonFiniteError]:        # each run's final held-out terms ({} on a process other than rank 0), or the error that stopped it
@@ -308,8 +312,8 @@ def fit(runs: list[Run],                        # prepared runs (`prepare_run`, 
         if st is not None: s.load_optimizer_state(n, st)
     watches, stopped = [(deque(maxlen=50), {"skipped": 0, "warned": False}) for _ in runs], {}  # stopped: run index -> its NonFiniteError
     def stop(n, error): stopped[n] = error; s.stop(n)
-    steps = range(start, end)
-    if progress and s.writes:
+    steps, bar = range(start, end), progress if isinstance(progress, RunBar) and s.writes else None
+    if progress is True and s.writes:
         from tqdm.auto import tqdm
         steps = tqdm(steps, initial=start, total=tc.steps, desc="cvae" if len(runs) == 1 else f"group of {len(runs)}", leave=False)
     logs = _RunLogs(runs, s.writes, tensorboard)
@@ -333,14 +337,106 @@ def fit(runs: list[Run],                        # prepared runs (`prepare_run`, 
                     try: _checkpoint(r, s.optimizer_state(n, step), step + 1)
                     except NonFiniteError as e: stop(n, e)
             if len(stopped) == len(runs): break
-            if progress and s.writes and len(runs) == 1 and "loss" in record:
+            if bar is not None: bar.advance("cvae", step + 1, tc.steps, evaluated=evaluate_now)
+            elif progress is True and s.writes and len(runs) == 1 and "loss" in record:
                 steps.set_postfix(loss=f"{record['loss']:.3f}", kl=f"{record['kl']:.3f}", theta=f"{record['theta']:.3f}")
     finally: logs.close()
     return _finals(runs, s, stopped, end)
 
+# %% ../nbs/10_train.ipynb #551fe231
+def matmul_seconds(config: RunConfig,  # the run (its model size, task and device's threads)
+                   rows: int,          # sequences in the pass
+                   device="cpu",
+                  ) -> float:          # seconds of one forward and backward pass
+    "Time of one forward and backward pass of a fresh transformer of the run's size over `rows` random sequences of the task's generator length (the fastest of two, after a warm-up)."
+    vocab, ex = run_vocab(config), config.task.generate(4, 0)
+    L = min(max(len(layout_tokens(e, "<z1>")) for e in ex), config.base.model.max_len)
+    gen = torch.Generator().manual_seed(0)
+    with torch.random.fork_rng(devices=[]):  # the run's own random streams are untouched
+        model = TinyCausalLM(len(vocab), config.base.model).to(device)
+        ids = torch.randint(0, len(vocab), (rows, L), generator=gen).to(device)
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter(); model(ids).logsumexp(-1).mean().backward()
+            if ids.is_cuda: torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+    return min(times[1:])
+
+# %% ../nbs/10_train.ipynb #de97f739
+def run_plan(run_dir: Path,        # the run directory (it may hold part of the run)
+             config: RunConfig,
+             base: str = "auto",   # as `prepare_run` takes it
+             device="cpu",
+             metrics: bool = True, # the run ends with its metrics
+            ) -> list[dict]:       # one row per phase: phase, what, seconds (estimated on this machine)
+    "What a run will do, phase by phase, from its configuration and what its directory already holds, each phase with its estimated time on this machine."
+    rd, tc, m = RunDir(run_dir), config.train, config.metrics
+    use_numerics(config)
+    K = config.cvae.K if config.cvae.latent == "discrete" else 1
+    rows = K + (config.cvae.latent == "continuous" or config.cvae.posterior != "exact")  # generator rows per example, and the posterior's
+    step = matmul_seconds(config, tc.batch_size * rows, device)
+    forward = step / (3 * tc.batch_size * rows)  # a forward pass over one sequence
+    shipped = base_source(rd.path, config, base)["shipped"]
+    budget = response_budget(config.task.generate(16, 0))
+    plan = []
+    if rd.base.is_file(): plan.append({"phase": "base", "what": f"in the run directory ({shipped or 'trained here'})", "seconds": 0.0})
+    elif shipped: plan.append({"phase": "base", "what": f"the shipped base {shipped}, verified by checksum, with its c_theta and gate", "seconds": 0.0})
+    else:
+        done = load_checkpoint(rd.base_checkpoint)["step"] if rd.base_checkpoint.is_file() else 0
+        left = config.base.steps - done
+        plan.append({"phase": "base", "what": f"pre-trained here: {left:,} of {config.base.steps:,} steps" + (f" (resuming from step {done:,})" if done else ""),
+                     "seconds": left * matmul_seconds(config, config.base.batch_size, device)})
+    scale_known = rd.scale.is_file() or (shipped and config.c_samples == 2000)
+    if not scale_known: plan.append({"phase": "c_theta", "what": f"{config.c_samples:,} responses sampled from the base", "seconds": config.c_samples * budget * forward})
+    if not (rd.gate.is_file() or shipped):
+        plan.append({"phase": "gate", "what": f"{256 * GATE_SAMPLES_PER_INPUT:,} responses sampled on held-out inputs", "seconds": 256 * GATE_SAMPLES_PER_INPUT * budget * forward})
+    start = load_checkpoint(rd.checkpoint)["step"] if rd.checkpoint.is_file() else 0
+    evals = len([s for s in range(start + 1, tc.steps + 1) if s % tc.eval_every == 0 or s == tc.steps])
+    plan.append({"phase": "cvae", "what": f"{tc.steps - start:,} of {tc.steps:,} steps, {evals} held-out evaluations" + (f" (resuming from step {start:,})" if start else ""),
+                 "seconds": (tc.steps - start) * step + (config.n_train + config.n_eval * (1 + evals * K)) * forward})
+    if metrics and not rd.metrics.is_file():
+        plan.append({"phase": "metrics", "what": f"{m.n_routed} routed and {K} x {m.n_forced} forced generations", "seconds": (m.n_routed + K * m.n_forced) * budget * forward})
+    return plan
+
+def plan_text(plan: list[dict]) -> str:
+    "The plan as a few lines: each phase, what it does, its estimated time; the total."
+    total = sum(p["seconds"] for p in plan)
+    return "\n".join([f"  {p['phase']:<8} {p['what']}" + (f"  (~{p['seconds']:.0f} s)" if p["seconds"] >= 0.5 else "") for p in plan]
+                     + [f"  estimated {total:.0f} s on this machine ({torch.get_num_threads()} threads); the bar below corrects it as the run goes"])
+
+# %% ../nbs/10_train.ipynb #12b18866
+class RunBar:
+    "One progress bar over a whole run, each phase's work advancing it by its share of the plan's time (so its remaining time is the run's), the phase and step in its description."
+    def __init__(self, plan: list[dict],  # `run_plan`'s phases
+                 file=None):              # where the bar is drawn (None: stderr)
+        from tqdm.auto import tqdm
+        self.seconds = {p["phase"]: p["seconds"] for p in plan}
+        self.bar = tqdm(total=max(sum(self.seconds.values()), 1e-9), file=file, bar_format="{desc} {percentage:3.0f}%|{bar:24}| {elapsed}<{remaining}")
+        self.left = dict(self.seconds)
+
+    def _spend(self, phase: str, seconds: float):
+        seconds = min(seconds, self.left.get(phase, 0.0))
+        self.left[phase] = self.left.get(phase, 0.0) - seconds
+        self.bar.update(seconds)
+
+    def advance(self, phase: str,          # 'base' or 'cvae'
+                step: int, steps: int,     # the step just done, of how many
+                evaluated: bool = False):  # an evaluation followed it
+        "Advance by one step of `phase` (its share of the phase's estimate)."
+        self.bar.set_description_str(f"{phase} {step}/{steps}", refresh=False)
+        left_steps = max(steps - step + 1, 1)
+        self._spend(phase, self.left.get(phase, 0.0) / left_steps)
+
+    def finish(self, phase: str):  # a phase done (c_theta, the gate, the metrics): its whole share
+        "Mark `phase` done."
+        self._spend(phase, self.left.get(phase, 0.0))
+
+    def start(self, phase: str): self.bar.set_description_str(phase)  # a phase without steps begins
+    def close(self): self.bar.close()
+
 # %% ../nbs/10_train.ipynb #25649a86
 def train_run(run: Run,                        # a prepared run (`prepare_run`, `prepare_hf_run`)
-              progress: bool = False,          # a progress bar (rank 0)
+              progress=False,                  # a progress bar (rank 0): True, or a run's `RunBar`
               stop_after: int | None = None,   # stop after this many steps, as if interrupted
               tensorboard: str | Path | None = None,  # also write the log's records as TensorBoard events in this directory
              ) -> dict:                        # the final held-out terms ({} on a process other than rank 0)
@@ -391,7 +487,9 @@ def run_metrics(run: Run,             # a trained run
     evals = {r["step"]: r["kl"] for r in log}  # how fast z escaped: held-out rate over training
     rate_at = lambda step: next((evals[k] for k in sorted(evals, reverse=True) if k <= step), None)  # the last held-out rate by `step`
     third = max(cfg.train.steps // 3, 1)
+    shipped = read_json(run.dir.config).get("base", {}).get("shipped")
     record = {"task": cfg.task.name, "objective": cfg.objective, "seed": cfg.seed, "beta_effective": beta,
+              "base": shipped or "trained", "base_sha256": file_sha256(run.dir.base),  # which base: shipped (its name), or trained from its recipe
               "c_model": scales["model"]["value"], "c_data": scales["data"]["value"],
               **diag, "tau": beta / diag["beta_star"] if diag.get("beta_star") else None, "tau_target": cfg.train.tau, "base_seed": cfg.data_seed,
               "rate_at_1_3": rate_at(third), "rate_at_2_3": rate_at(2 * third), **_settling(log, cfg.train.steps),
@@ -423,19 +521,40 @@ def run(run_dir: Path,                     # the run directory (made if absent; 
         shared_prefix: bool = False,       # a discrete CVAE computes its prompt once for all codes
         metrics: bool = False,             # write `run_metrics` to metrics.json once the run is complete
         tensorboard: str | None = None,    # also write the log's records as TensorBoard events in this directory
+        base: str = "auto",                # 'auto' (the shipped base of the recipe, else trained here), 'train', or a shipped base's name
        ) -> dict:                          # the final held-out terms (also in eval.json)
     "A complete run of the task's small transformer in `run_dir`, on one process or each of torchrun's; rank 0 holds the directory (`exclusive_run_dir`) from before its first write to the last. A `metrics.json` already written (by this call's earlier run, or a sweep's record of the cell) is kept."
     main = int(os.environ.get("RANK", "0")) == 0
     with exclusive_run_dir(run_dir) if main else contextlib.nullcontext():
-        return _run(run_dir, config, device, progress, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard)
+        return _run(run_dir, config, device, progress and main, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard, base)
 
-def _run(run_dir, config, device, progress, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard=None) -> dict:
-    r = prepare_run(run_dir, config, device, progress, resume_without_log)
+def _run(run_dir, config, device, progress, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard=None, base="auto") -> dict:
+    bar = None
+    if progress:  # the plan first, then one bar for the whole run
+        import sys
+        from basedirected.runs import resolve_device
+        plan = run_plan(run_dir, config, base, resolve_device(device), metrics)
+        print(f"{Path(run_dir)}: {config.task.name}, objective {config.objective}, seed {config.seed}\n" + plan_text(plan), file=sys.stderr, flush=True)
+        bar = RunBar(plan)
+    try: return _stages(run_dir, config, device, bar, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard, base)
+    finally:
+        if bar is not None: bar.close()
+
+def _stages(run_dir, config, device, bar, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard, base) -> dict:
+    on_base_step = None if bar is None else lambda step, model: bar.advance("base", step, config.base.steps)
+    r = prepare_run(run_dir, config, device, False, resume_without_log, base=base, on_base_step=on_base_step)
+    if bar is not None:
+        for phase in ("base", "c_theta"): bar.finish(phase)
+        bar.start("gate")
     if compile: compile_cvae(r.model)
     if shared_prefix and hasattr(r.model, "shared_prefix"): r.model.shared_prefix = True
     if not r.gate["passes"]:
         if require_gate: raise BaseGateError(gate_message(r.gate, r.dir.gate))
         if r.rank == 0: warnings.warn(f"adapting a CVAE from a base that fails the quality gate ({'; '.join(gate_failures(r.gate))}; {r.dir.gate})", stacklevel=2)
-    final = train_run(r, progress, stop_after, tensorboard)
-    if metrics and r.rank == 0 and (stop_after is None or stop_after >= config.train.steps) and not r.dir.metrics.exists(): complete(r, final)
+    if bar is not None: bar.finish("gate")
+    final = train_run(r, bar or False, stop_after, tensorboard)
+    if metrics and r.rank == 0 and (stop_after is None or stop_after >= config.train.steps) and not r.dir.metrics.exists():
+        if bar is not None: bar.start("metrics")
+        complete(r, final)
+        if bar is not None: bar.finish("metrics")
     return final

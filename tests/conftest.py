@@ -29,3 +29,12 @@ def smoke_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke")
     repro_main(["--preset", "smoke", "--out", str(out), "--quiet", "--jobs", "1"])
     return out
+
+
+@pytest.fixture(autouse=True)
+def _own_subnormals():
+    "A run flushes subnormal floats for its process (prepare_run applies its configuration); each test starts and ends with torch's default, keeping them."
+    import torch
+    torch.set_flush_denormal(False)
+    yield
+    torch.set_flush_denormal(False)

@@ -73,6 +73,43 @@ def test_kill_9_during_training_then_resume_gives_the_uninterrupted_result(tmp_p
     assert strip(read_log(tmp_path / "killed" / "log.jsonl")) == strip(read_log(tmp_path / "straight" / "log.jsonl"))
 
 
+def _run_killed_at(run_dir, args, wait_for, timeout=180):
+    "Start `basedirected-train args` in a process, kill -9 it as soon as `wait_for` exists in `run_dir` (or it ends), return whether the file appeared."
+    code = "import sys; from basedirected.cli import train_main; train_main(sys.argv[1:])"
+    p = subprocess.Popen([sys.executable, "-c", code, "--run-dir", str(run_dir), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + timeout
+    while not (run_dir / wait_for).exists() and time.time() < deadline and p.poll() is None: time.sleep(0.01)
+    p.send_signal(signal.SIGKILL); p.wait()
+    while True:  # the killed process's lock on the run directory is gone once its last descriptor closes
+        try:
+            fd = os.open(run_dir, os.O_RDONLY); import fcntl; fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); fcntl.flock(fd, fcntl.LOCK_UN); os.close(fd); break
+        except BlockingIOError: os.close(fd); time.sleep(0.05)
+    return (run_dir / wait_for).exists()
+
+
+PHASES = ["--task", "visiting_order", "--posterior", "exact", "--n-train", "600", "--n-eval", "32", "--c-samples", "400", "--base-steps", "600", "--d-model", "16",
+          "--n-layers", "1", "--n-heads", "2", "--d-ff", "32", "--K", "3", "--steps", "20", "--batch-size", "8", "--eval-every", "10", "--checkpoint-every", "5",
+          "--n-routed", "64", "--n-forced", "32", "--quiet", "--allow-failed-base", "--threads", "1"]
+
+
+@pytest.mark.parametrize("phase, wait_for", [("base pre-training", "base_checkpoint.pt"), ("c_theta and the gate", "base.pt"),
+                                             ("the metrics", "eval.json")])
+def test_kill_9_in_every_phase_then_the_same_command_gives_the_uninterrupted_files(tmp_path, phase, wait_for):
+    "A base trained here checkpoints its pre-training: a kill at any point loses at most the steps since the last state, and the rerun's files are the uninterrupted run's."
+    assert _run_killed_at(tmp_path / "killed", PHASES, wait_for), f"the run never reached {phase}"
+    assert train_main(["--run-dir", str(tmp_path / "killed"), *PHASES]) == 0
+    assert train_main(["--run-dir", str(tmp_path / "straight"), *PHASES]) == 0
+    a, b = tmp_path / "killed", tmp_path / "straight"
+    for f in ("base.pt", "checkpoint.pt"):
+        x, y = torch.load(a / f, weights_only=True)["model"], torch.load(b / f, weights_only=True)["model"]
+        assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), f
+    for f in ("reference_scale.json", "base_gate.json", "eval.json"): assert (a / f).read_text() == (b / f).read_text(), f
+    drop = lambda m: {k: v for k, v in m.items() if k != "base_sha256"}  # the same weights may pickle to other bytes
+    assert drop(json.loads((a / "metrics.json").read_text())) == drop(json.loads((b / "metrics.json").read_text()))
+    strip = lambda log: [{k: v for k, v in r.items() if k != "examples_per_s"} for r in log]
+    assert strip(read_log(a / "log.jsonl")) == strip(read_log(b / "log.jsonl")) and not (a / "base_checkpoint.pt").exists()
+
+
 # --- non-finite values ---------------------------------------------------------------------------------------------------
 
 def _poison(monkeypatch, at_steps, value=float("nan")):
@@ -525,8 +562,9 @@ def test_a_second_process_on_a_live_run_directory_is_refused_and_deletes_nothing
             code, err = _second(d, *extra)
             assert code == 2 and "another process is running in this run directory" in err[-1], err
         assert first.poll() is None  # the first run goes on
-        assert {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and p.name != "log.jsonl"} == \
-               {k: v for k, v in before.items() if k != "log.jsonl"}  # nothing deleted or replaced
+        live = ("log.jsonl", "base_checkpoint.pt")  # what the first process itself goes on writing
+        assert {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and p.name not in live} == \
+               {k: v for k, v in before.items() if k not in live}  # nothing deleted or replaced
     finally:
         first.kill(); first.wait()
     assert not _held_elsewhere(d)  # the lock dies with its process

@@ -12,7 +12,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from basedirected.cli import build_parser, hf_config_from_args, hf_train_main, train_main
-from basedirected.hf import (EncodedPairs, HFReference, build_hf_cvae, encode_examples, export_main, export_run, hf_run, load_backbone, pairs_to_examples, prepare_hf_run,
+from basedirected.cli import export_main
+from basedirected.hf import (EncodedPairs, HFReference, build_hf_cvae, encode_examples, export_run, hf_run, load_backbone, pairs_to_examples, prepare_hf_run,
                              read_pairs, save_tiny_backbone)
 from basedirected.runs import AdaptConfig, load_run
 from basedirected.train import train_run
