@@ -31,7 +31,7 @@ from .objective import BETA_SCHEDULES, OBJECTIVE_NAMES, ORIGINAL_FLAG_ALIASES, o
 from .reconstruction import TERM_NAMES
 from .pretrained import catalogue
 from .runs import (BASE_CHOICES, ADAPT_MODES, LR_SCHEDULES, OPTIMIZERS, HFRunConfig, RunConfig, RunDir, RunInputError, TrainConfig, apply_overrides,
-                               atomic_write_bytes, check_run_dir, exclusive_run_dir, objective_training, read_json, rename_fields, resolve_config,
+                               atomic_write_bytes, check_run_dir, check_writable, exclusive_run_dir, objective_training, read_json, rename_fields, resolve_config,
                                resolve_device, write_command, DEFAULT_RUN, DEFAULT_TASK)
 from .tasks import Task, make_task, task_class
 from .train import BaseGateError, NonFiniteError, run
@@ -412,7 +412,11 @@ def _checked(a: argparse.Namespace, world: int):
     "The configuration and the training function of the command, every input checked (`ValueError` names what is wrong); the run directory held."
     if not a.run_dir.strip(): raise ValueError("--run-dir must name a directory, got an empty string")
     if a.stop_after is not None and a.stop_after < 1: raise ValueError(f"--stop-after must be >= 1, got {a.stop_after}")
-    if a.tensorboard is not None and importlib.util.find_spec("tensorboard") is None: raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard")
+    if a.tensorboard is not None:  # checked before any work, not when training starts
+        if importlib.util.find_spec("tensorboard") is None: raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard")
+        if not a.tensorboard.strip(): raise ValueError("--tensorboard must name a directory, got an empty string")
+        try: check_writable(Path(a.tensorboard))
+        except ValueError as e: raise ValueError(f"--tensorboard {e}") from None
     if a.backbone is not None:
         try: hf = importlib.import_module("basedirected.hf")  # an optional extra: imported only when asked for
         except ImportError as e: raise ValueError(f"--backbone: {e}") from None

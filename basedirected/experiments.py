@@ -516,6 +516,7 @@ def run_cell(out: Path,              # the sweep's directory
              spec: RunSpec,          # the cell
              device: str = "auto",
              force: bool = False,    # train it again even if it finished
+             tensorboard: Path | None = None,  # also write its log as TensorBoard events in tensorboard/<key>
             ) -> dict:               # its metrics record
     "Train and evaluate one cell under its lock; returns its metrics (read back from disk when the run already finished under the same configuration)."
     with cell_locks(out, [spec]):
@@ -523,7 +524,7 @@ def run_cell(out: Path,              # the sweep's directory
         if isinstance(rd, dict): return rd
         t0 = time.perf_counter()
         run = _with_options(prepare_run(rd.path, spec.config, device=device), spec)
-        final = train_run(run)
+        final = train_run(run, tensorboard=None if tensorboard is None else Path(tensorboard) / spec.key)
         return _cell_record(spec, run, final, time.perf_counter() - t0)
 
 # %% ../nbs/11_experiments.ipynb #3d2f71f1
@@ -532,11 +533,12 @@ def run_group_cells(out: Path,              # the sweep's directory
                     device: str = "auto",
                     force: bool = False,    # train them again even if they finished
                     compile: bool = False,  # compile the group's step
+                    tensorboard: Path | None = None,  # also write each cell's log as TensorBoard events in tensorboard/<key>
                    ) -> list[dict]:         # every cell's metrics, in order
     "Train the unfinished cells of `specs` (one `group_key`) as groups, one per checkpoint step they resume from, then evaluate each."
-    with cell_locks(out, specs): return _run_group_cells(out, specs, device, force, compile)
+    with cell_locks(out, specs): return _run_group_cells(out, specs, device, force, compile, tensorboard)
 
-def _run_group_cells(out: Path, specs: list[RunSpec], device: str, force: bool, compile: bool) -> list[dict]:
+def _run_group_cells(out: Path, specs: list[RunSpec], device: str, force: bool, compile: bool, tensorboard: Path | None = None) -> list[dict]:
     opened = [_open_cell(out, s, force) for s in specs]
     records = {i: rd for i, rd in enumerate(opened) if isinstance(rd, dict)}
     t0 = time.perf_counter()
@@ -547,8 +549,8 @@ def _run_group_cells(out: Path, specs: list[RunSpec], device: str, force: bool, 
         by_start.setdefault(start, []).append(i)
     finals = {}
     for members in by_start.values():
-        if len(members) == 1: finals[members[0]] = train_run(runs[members[0]]); continue
-        finals.update(zip(members, train_group([runs[i] for i in members], compile=compile)))
+        if len(members) == 1: finals[members[0]] = train_run(runs[members[0]], tensorboard=None if tensorboard is None else Path(tensorboard) / specs[members[0]].key); continue
+        finals.update(zip(members, train_group([runs[i] for i in members], compile=compile, tensorboard=tensorboard)))  # a run's events in tensorboard/<key>
     seconds = (time.perf_counter() - t0) / max(len(runs), 1)  # a group's wall time, shared among its runs
     for i in sorted(runs):
         if not isinstance(finals[i], Exception): records[i] = _cell_record(specs[i], runs[i], finals[i], seconds)
@@ -562,10 +564,11 @@ def run_pack(out: Path,              # the sweep's directory
              device: str,
              force: bool,            # train them again even if they finished
              compile: bool,          # compile a group's step
+             tensorboard: Path | None = None,  # also write each cell's log as TensorBoard events in tensorboard/<key>
             ) -> list[dict]:         # every cell's metrics, in order
     "The metrics of one pack of cells: a single cell alone (`run_cell`), several as a group (`run_group_cells`)."
-    if len(specs) == 1: return [run_cell(out, specs[0], device, force)]
-    return run_group_cells(out, specs, device, force, compile)
+    if len(specs) == 1: return [run_cell(out, specs[0], device, force, tensorboard)]
+    return run_group_cells(out, specs, device, force, compile, tensorboard)
 
 # %% ../nbs/11_experiments.ipynb #6cad0857
 def die_with_parent(parent: int,  # the sweep process's pid
@@ -713,15 +716,17 @@ def execute(out: Path,              # the sweep's directory
             earlier: Path | None = None,  # an earlier collection of the preset: its cells are not trained here (`earlier_cells`)
             only: str | None = None,  # a regular expression: train only the cells whose key it matches (`re.search`), and their bases
             base: str = "auto",     # 'auto': each base shipped with the package where one was trained for its recipe, else trained here; 'train': every one trained here
+            tensorboard: Path | None = None,  # also write each cell's log as TensorBoard events in tensorboard/<key>
            ) -> list[dict]:         # one metrics record per cell that ran (a skipped base's cells have none), in plan order
     "Run every cell of `preset` under `out`, packing up to `group_size` cells that share a `group_key` into one trained group; returns one metrics record per run (`skipped_cells` names those a failed base skips). With `earlier`, the cells it holds are left out, and so are the bases it gated that this sweep lacks, which must be seeded (`seed_bases`) where a cell left adapts from them. With `only`, the other cells are left for another sitting."
     threads = torch.get_num_threads()  # cells run in this process set the preset's thread count; the caller gets its own back
-    try: return _execute(out, preset, jobs, device, force, progress, group_size, compile, earlier, only, base)
+    try: return _execute(out, preset, jobs, device, force, progress, group_size, compile, earlier, only, base, tensorboard)
     finally: torch.set_num_threads(threads)
 
 # %% ../nbs/11_experiments.ipynb #91c8e17a
 def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, progress: bool, group_size: int, compile: bool,
-             earlier: Path | None = None, only: str | None = None, base: str = "auto") -> list[dict]:
+             earlier: Path | None = None, only: str | None = None, base: str = "auto",
+             tensorboard: Path | None = None) -> list[dict]:
     out = Path(out); check_sweep_dir(out)
     done, before = earlier_cells(earlier) if earlier is not None else (set(), {})
     every = [s for s in plan(preset) if only is None or re.search(only, s.key)]  # they decide which bases are used
@@ -743,7 +748,7 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
         for pack, dev in zip(packs, devices):
             if not usable[(specs[pack[0]].regime, specs[pack[0]].config.data_seed)]: bar.update(len(pack)); continue
             bar.set_postfix_str(specs[pack[0]].key + (f" (+{len(pack) - 1} in its group)" if len(pack) > 1 else ""))
-            records.update(zip(pack, run_pack(out, [specs[i] for i in pack], dev, force, compile))); bar.update(len(pack))
+            records.update(zip(pack, run_pack(out, [specs[i] for i in pack], dev, force, compile, tensorboard))); bar.update(len(pack))
     else:
         ctx = torch.multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
@@ -761,12 +766,12 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
             if n_gpu:  # a pack starts only where its memory estimate fits beside those running (pack_memory_gib)
                 needs = [pack_memory_gib([specs[i].config for i in pack]) for pack in packs]
                 def submit(k, d):
-                    return pool.submit(run_pack, out, [specs[i] for i in packs[k]], f"cuda:{d}", force, compile) if ready(packs[k]) else skipped()
+                    return pool.submit(run_pack, out, [specs[i] for i in packs[k]], f"cuda:{d}", force, compile, tensorboard) if ready(packs[k]) else skipped()
                 for k, f in run_placed(needs, DevicePlacer(cuda_budgets_gib()), submit, jobs): records.update(zip(packs[k], f.result())); bar.update(len(packs[k]))
             else:
                 futures = []
                 for pack, dev in zip(packs, devices):
-                    futures.append((pack, pool.submit(run_pack, out, [specs[i] for i in pack], dev, force, compile) if ready(pack) else skipped()))
+                    futures.append((pack, pool.submit(run_pack, out, [specs[i] for i in pack], dev, force, compile, tensorboard) if ready(pack) else skipped()))
                 for pack, f in futures: records.update(zip(pack, f.result())); bar.update(len(pack))
     bar.close()
     return [records[i] for i in range(len(specs)) if i in records]

@@ -461,6 +461,7 @@ def train_group(runs: list[Run],                # prepared runs sharing a group_
                 stop_after: int | None = None,  # stop after this many steps (as if interrupted)
                 compile: bool | str = False,    # compile the vmapped step: True, or torch.compile's mode
                 precision: str | None = None,   # GROUP_PRECISIONS key of the step (None: bf16 on CUDA, else float32)
+                tensorboard=None,               # also write each run's log as TensorBoard events in tensorboard/<its directory's name>
                ) -> list[dict | NonFiniteError]:  # each run's final held-out terms, or the error that stopped it
     "Train `runs` as one `RunGroup` in the one training loop (`fit`); each run's log, checkpoints and `eval.json` are those `train_run` writes for it alone."
-    return fit(runs, lambda rs: RunGroup(rs, compile, precision=precision), progress=progress, stop_after=stop_after)
+    return fit(runs, lambda rs: RunGroup(rs, compile, precision=precision), progress=progress, stop_after=stop_after, tensorboard=tensorboard)

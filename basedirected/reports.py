@@ -546,7 +546,8 @@ def answer_rows(records: list[dict],  # one metrics record per run
     for r in paired_statistics(records, (ANSWER_METRIC,)):
         a = across.get((r["regime"], r["cell"], r["posterior"], r["K"], r["comparison"]))
         lo, hi, unit = (a["across_lo"], a["across_hi"], f"{r['n']} pairs on {a['bases']} bases, interval across bases") if a else \
-                       (r["ci_lo"], r["ci_hi"], f"{r['n']} seeds on one base")
+                       (r["ci_lo"], r["ci_hi"], f"{r['n']} seed{'s' * (r['n'] != 1)} on one base")
+        if r["n"] < 2: lo = hi = float("nan")  # one pair: no interval
         rows.append({k: r[k] for k in ("regime", "cell", "posterior", "K", "comparison", "mean", "n", "unsettled_left_out")} | {"lo": lo, "hi": hi, "unit": unit})
     return rows
 
@@ -564,7 +565,8 @@ def answer_text(records: list[dict],  # one metrics record per run
         lines.append(f"{g[0]}, {g[1]} ({g[2]} posterior, K {g[3]}), controlled alignment above chance:")
         for r in rows:
             left = f"; {r['unsettled_left_out']} unsettled pairs left out" if r["unsettled_left_out"] else ""
-            lines.append(f"  {r['comparison'].replace(' - ', ' − ')}: {_signed(r['mean'])} [{_signed(r['lo'])}, {_signed(r['hi'])}] ({r['unit']}{left})")
+            interval = f"[{_signed(r['lo'])}, {_signed(r['hi'])}]" if math.isfinite(r["lo"]) else "(no interval)"
+            lines.append(f"  {r['comparison'].replace(' - ', ' − ')}: {_signed(r['mean'])} {interval} ({r['unit']}{left})")
         s = success.get(g, [])
         if s: lines.append("  successes (alignment >= 0.9 and answers >= 0.98, settled runs): " + ", ".join(f"{x['objective']} {round(x['success'] * x['success_n'])}/{x['success_n']}" for x in s))
     return "\n".join(lines) if lines else "no contrast: the preset compares no J_theta arm with another on the same units"

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import textwrap
@@ -16,7 +17,7 @@ from .cli import OneLineParser, add_dataclass_options, dataclass_from_args
 from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, earlier_collection, preset_from_record, read_records, submit_sweep
 from .experiments import PRESETS, SweepDir, execute, finished, plan, seed_bases
 from .reports import answer_text, compare_collections, comparison_text, write_reports
-from .runs import atomic_write_bytes, environment_record, read_json, resolve_device
+from .runs import atomic_write_bytes, check_writable, environment_record, read_json, resolve_device
 from .train import NonFiniteError
 
 # %% auto #0
@@ -54,7 +55,7 @@ def _run_sweep(a, out: Path, cluster: ClusterConfig, jobs: int, group_size: int)
         return records, missing, {"preset": a.preset, "executor": "submitit", "cluster": report["cluster"], "jobs_submitted": report["submitted"],
                                   "jobs_failed": len(report["failed"]), "group_size": group_size, "compiled": a.compile}
     records = execute(out, preset, jobs=jobs, device=a.device, force=a.force, progress=not a.quiet, group_size=group_size, compile=a.compile,
-                      earlier=earlier, only=a.only, base="train" if a.train_bases else "auto")
+                      earlier=earlier, only=a.only, base="train" if a.train_bases else "auto", tensorboard=a.tensorboard)
     summary = {"preset": a.preset, "executor": "pool", "jobs": jobs, "group_size": group_size, "compiled": a.compile, **({"only": a.only} if a.only else {}),
                "bases": "trained here" if a.train_bases else "shipped where one serves the recipe"}
     if earlier is None and a.only is None: return records, [], summary
@@ -106,6 +107,8 @@ def repro_parser() -> OneLineParser:
                    "the package was trained for it (by default the cells adapt from the shipped bases: basedirected.pretrained.catalogue())")
     p.add_argument("--compare", default=None, metavar="REF", help="a reference collection of the same preset (reference/<preset>): after the "
                    "tables, say for each primary figure how many cells equal it exactly and how many fall inside its seed range (comparison.csv)")
+    p.add_argument("--tensorboard", default=None, metavar="DIR", help="also write each cell's log as TensorBoard events in DIR/<cell key> "
+                   "(needs pip install tensorboard, in the dev extra); view them with tensorboard --logdir DIR")
     p.add_argument("--jobs", type=int, default=None, help="--executor pool: parallel worker processes, one run each (default: one per CPU core, at most 8)")
     p.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
     p.add_argument("--force", action="store_true", help="rerun finished runs instead of skipping them")
@@ -149,6 +152,12 @@ def repro_main(argv: list[str] | None = None,  # command-line arguments (None: t
         except re.error as e: p.error(f"--only {a.only!r} is not a regular expression ({e})")
     if a.earlier is not None and not (Path(a.earlier) / "results.csv").is_file(): p.error(f"--earlier {a.earlier}: no results.csv there (it must be a collected sweep)")
     if a.compare is not None and not (Path(a.compare) / "results.csv").is_file(): p.error(f"--compare {a.compare}: no results.csv there (it must be a collected sweep)")
+    if a.tensorboard is not None:
+        if a.collect or cluster.executor != "pool": p.error("--tensorboard writes the events of the cells this invocation trains: it needs --executor pool and no --collect")
+        if not a.tensorboard.strip(): p.error("--tensorboard must name a directory, got an empty string")
+        if importlib.util.find_spec("tensorboard") is None: p.error("--tensorboard needs the tensorboard package: pip install tensorboard")
+        try: check_writable(Path(a.tensorboard))
+        except ValueError as e: p.error(f"--tensorboard {e}")
     if a.train_bases and (a.collect or a.bases is not None): p.error("--train-bases trains the sweep's bases: " + ("--collect trains nothing" if a.collect else "--bases seeds them"))
     out = Path(a.out or f"runs/repro-{a.preset}")
     if out.exists() and not out.is_dir(): p.error(f"--out {out} is a file, not a directory")
