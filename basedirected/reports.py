@@ -549,7 +549,14 @@ def answer_rows(records: list[dict],  # one metrics record per run
                        (r["ci_lo"], r["ci_hi"], f"{r['n']} seed{'s' * (r['n'] != 1)} on one base")
         if r["n"] < 2: lo = hi = float("nan")  # one pair: no interval
         rows.append({k: r[k] for k in ("regime", "cell", "posterior", "K", "comparison", "mean", "n", "unsettled_left_out")} | {"lo": lo, "hi": hi, "unit": unit})
-    return rows
+    done = {(r["regime"], r["cell"], r["posterior"], r["K"], r["comparison"]) for r in rows}
+    for (regime, cell, posterior, K), objs in _paired_units(records).items():  # a contrast whose every pair has a run still moving: named, with no figure
+        for a, b in _comparisons(objs):
+            if (regime, cell, posterior, K, f"{a} - {b}") in done: continue
+            _, diffs, unsettled = _pairs(objs, a, b, ANSWER_METRIC)
+            if unsettled: rows.append({"regime": regime, "cell": cell, "posterior": posterior, "K": K, "comparison": f"{a} - {b}", "mean": float("nan"), "n": 0,
+                                       "unsettled_left_out": unsettled, "lo": float("nan"), "hi": float("nan"), "unit": "no settled pair"})
+    return sorted(rows, key=lambda r: tuple(map(str, (r["regime"], r["cell"], r["posterior"], r["K"], r["comparison"]))))
 
 def _signed(x) -> str: return "n/a" if not isinstance(x, float) or not math.isfinite(x) else f"{x:+.3f}".replace("-", "−")
 
@@ -566,9 +573,10 @@ def answer_text(records: list[dict],  # one metrics record per run
         for r in rows:
             left = f"; {r['unsettled_left_out']} unsettled pairs left out" if r["unsettled_left_out"] else ""
             interval = f"[{_signed(r['lo'])}, {_signed(r['hi'])}]" if math.isfinite(r["lo"]) else "(no interval)"
-            lines.append(f"  {r['comparison'].replace(' - ', ' − ')}: {_signed(r['mean'])} {interval} ({r['unit']}{left})")
+            if not r["n"]: lines.append(f"  {r['comparison'].replace(' - ', ' − ')}: no conclusion, every pair has a run still moving at its last step ({r['unsettled_left_out']} left out)")
+            else: lines.append(f"  {r['comparison'].replace(' - ', ' − ')}: {_signed(r['mean'])} {interval} ({r['unit']}{left})")
         s = success.get(g, [])
-        if s: lines.append("  successes (alignment >= 0.9 and answers >= 0.98, settled runs): " + ", ".join(f"{x['objective']} {round(x['success'] * x['success_n'])}/{x['success_n']}" for x in s))
+        if s: lines.append("  successes (alignment >= 0.9 and answers >= 0.98, settled runs): " + ", ".join(f"{x['objective']} {round(x['success'] * x['success_n']) if x['success_n'] else 0}/{x['success_n']}" for x in s))
     return "\n".join(lines) if lines else "no contrast: the preset compares no J_theta arm with another on the same units"
 
 # %% ../nbs/12_reports.ipynb #fee72ad8

@@ -489,7 +489,7 @@ def run_metrics(run: Run,             # a trained run
     third = max(cfg.train.steps // 3, 1)
     shipped = read_json(run.dir.config).get("base", {}).get("shipped")
     record = {"task": cfg.task.name, "objective": cfg.objective, "seed": cfg.seed, "beta_effective": beta,
-              "base": shipped or "trained", "base_sha256": file_sha256(run.dir.base),  # which base: shipped (its name), or trained from its recipe
+              "base_name": shipped or "trained", "base_sha256": file_sha256(run.dir.base),  # which base: shipped (its name), or trained from its recipe
               "c_model": scales["model"]["value"], "c_data": scales["data"]["value"],
               **diag, "tau": beta / diag["beta_star"] if diag.get("beta_star") else None, "tau_target": cfg.train.tau, "base_seed": cfg.data_seed,
               "rate_at_1_3": rate_at(third), "rate_at_2_3": rate_at(2 * third), **_settling(log, cfg.train.steps),
