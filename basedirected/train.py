@@ -32,9 +32,9 @@ from .runs import (Run, RunConfig, RunDir, TrainConfig, atomic_torch_save, atomi
 from .tasks import batch_indices, break_even_beta
 
 # %% auto #0
-__all__ = ['evaluate', 'NonFiniteError', 'check_batch_split', 'train_step', 'Stepper', 'OneRun', 'ShardedRun', 'TensorBoardSink',
-           'fit', 'matmul_seconds', 'run_plan', 'plan_text', 'RunBar', 'train_run', 'BaseGateError', 'gate_message',
-           'compile_cvae', 'run_metrics', 'complete', 'run']
+__all__ = ['STEP_OVER_PASS', 'evaluate', 'NonFiniteError', 'check_batch_split', 'train_step', 'Stepper', 'OneRun', 'ShardedRun',
+           'TensorBoardSink', 'fit', 'matmul_seconds', 'run_plan', 'plan_text', 'RunBar', 'train_run', 'BaseGateError',
+           'gate_message', 'compile_cvae', 'run_metrics', 'complete', 'run']
 
 # %% ../nbs/10_train.ipynb #f9c72bad
 @torch.no_grad()
@@ -363,6 +363,8 @@ def matmul_seconds(config: RunConfig,  # the run (its model size, task and devic
     return min(times[1:])
 
 # %% ../nbs/10_train.ipynb #de97f739
+STEP_OVER_PASS = 1.3  # a CVAE step over one forward-backward pass of its rows (objective, optimizer, the host sync): 1.3 on sorting's default run
+
 def run_plan(run_dir: Path,        # the run directory (it may hold part of the run)
              config: RunConfig,
              base: str = "auto",   # as `prepare_run` takes it
@@ -374,7 +376,7 @@ def run_plan(run_dir: Path,        # the run directory (it may hold part of the 
     use_numerics(config)
     K = config.cvae.K if config.cvae.latent == "discrete" else 1
     rows = K + (config.cvae.latent == "continuous" or config.cvae.posterior != "exact")  # generator rows per example, and the posterior's
-    step = matmul_seconds(config, tc.batch_size * rows, device)
+    step = STEP_OVER_PASS * matmul_seconds(config, tc.batch_size * rows, device)
     forward = step / (3 * tc.batch_size * rows)  # a forward pass over one sequence
     shipped = base_source(rd.path, config, base)["shipped"]
     budget = response_budget(config.task.generate(16, 0))
