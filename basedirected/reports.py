@@ -548,7 +548,8 @@ def answer_rows(records: list[dict],  # one metrics record per run
         lo, hi, unit = (a["across_lo"], a["across_hi"], f"{r['n']} pairs on {a['bases']} bases, interval across bases") if a else \
                        (r["ci_lo"], r["ci_hi"], f"{r['n']} seed{'s' * (r['n'] != 1)} on one base")
         if r["n"] < 2: lo = hi = float("nan")  # one pair: no interval
-        rows.append({k: r[k] for k in ("regime", "cell", "posterior", "K", "comparison", "mean", "n", "unsettled_left_out")} | {"lo": lo, "hi": hi, "unit": unit})
+        mean = a["mean"] if a else r["mean"]  # across bases: the mean of the bases' means, the centre of its interval
+        rows.append({k: r[k] for k in ("regime", "cell", "posterior", "K", "comparison", "n", "unsettled_left_out")} | {"mean": mean, "lo": lo, "hi": hi, "unit": unit})
     done = {(r["regime"], r["cell"], r["posterior"], r["K"], r["comparison"]) for r in rows}
     for (regime, cell, posterior, K), objs in _paired_units(records).items():  # a contrast whose every pair has a run still moving: named, with no figure
         for a, b in _comparisons(objs):
@@ -599,7 +600,7 @@ def figure_answer(out: Path,  # the sweep's output directory (the figure goes to
             mine = [r for r in rs if _arm(r) == a]
             for r in mine: top.plot(i, r["gen_alignment_controlled_all"], "x" if r.get("settled") is False else "o", color=color[r.get("base_seed")], ms=4, alpha=0.7)
             top.plot([i - 0.3, i + 0.3], [statistics.fmean(r["gen_alignment_controlled_all_null"] for r in mine)] * 2, "k--", lw=1)
-        top.set_xticks(range(len(arms)), arms, rotation=30, fontsize=8); top.set_ylim(0, 1.02)
+        top.set_xticks(range(len(arms)), arms, rotation=30, fontsize=8, ha="right"); top.set_ylim(0, 1.02); top.set_xlim(-0.5, len(arms) - 0.5)
         top.set_title(f"{g[0]}, {g[1]}", fontsize=9); top.set_ylabel("controlled alignment (dashed: chance)" if j == 0 else "")
         mine = [r for r in rows if (r["regime"], r["cell"], r["posterior"], r["K"]) == g]
         objs = _paired_units(records)[g]
@@ -608,8 +609,8 @@ def figure_answer(out: Path,  # the sweep's output directory (the figure goes to
             units, diffs, _ = _pairs(objs, a, b, ANSWER_METRIC)
             low.scatter([i + 0.08 * ((k % 5) - 2) for k in range(len(diffs))], diffs, s=12, color=[color[u[0]] for u in units], alpha=0.7, lw=0)
             if math.isfinite(r["lo"]): low.errorbar(i + 0.3, r["mean"], yerr=[[r["mean"] - r["lo"]], [r["hi"] - r["mean"]]], fmt="D", color="C3", ms=5, capsize=3)
-        low.axhline(0, color="k", lw=0.6)
-        low.set_xticks(range(len(mine)), [r["comparison"].replace(" - ", " −\n") for r in mine], fontsize=8)
+        low.axhline(0, color="k", lw=0.6); low.set_xlim(-0.5, len(mine) - 0.2)
+        low.set_xticks(range(len(mine)), [r["comparison"].replace(" - ", " − ") for r in mine], fontsize=8, rotation=30, ha="right")
         low.set_ylabel("difference, alignment above chance" if j == 0 else "")
     if len(bases) > 1: axes[0][0].legend(handles=[plt.Line2D([], [], marker="o", ls="", color=color[b], label=f"base {b}") for b in bases], fontsize=7, frameon=False)
     fig.suptitle("the answer: each point a run (x: not settled); red, the mean with its 95 % interval", y=1.0, fontsize=10)
