@@ -82,3 +82,21 @@ def test_commands_need_no_optional_extra_for_help_and_name_the_extra_they_need(t
     assert "exit 2" in refused.stdout and refused.stderr.strip().endswith("pip install -e '.[hf]'") and len(refused.stderr.strip().splitlines()) == 1
     docs = subprocess.run([sys.executable, "-c", code.replace("export(sys.argv[1:])", "docs([])")], capture_output=True, text=True, timeout=120)
     assert "exit 2" in docs.stdout and "pip install -e '.[dev]'" in docs.stderr and len(docs.stderr.strip().splitlines()) == 1
+
+
+def test_a_quick_cell_rerun_on_the_references_cpu_type_equals_the_reference(tmp_path):
+    "reference/quick adapts from a shipped base: on the CPU type it was made on, a rerun of a cell equals it in every figure (elsewhere --compare reports the seed range)."
+    from pathlib import Path
+    from basedirected.cluster import read_records
+    from basedirected.reports import compare_collections
+    from basedirected.repro import repro_main
+    from basedirected.runs import cpu_model
+    ref = Path(__file__).resolve().parents[1] / "reference" / "quick"
+    made_on = json.loads((ref / "summary.json").read_text())["environment"]["cpu"]
+    if made_on != cpu_model(): pytest.skip(f"reference/quick was made on {made_on}, this is {cpu_model()}: other kernels, other round-off")
+    key = "early-discrete-exact-K3-theta_a0.5_g1.0-t0.07-s1"
+    assert repro_main(["--preset", "quick", "--out", str(tmp_path), "--only", f"^{key}$", "--quiet", "--jobs", "1"]) == 1  # the other cells: missing
+    (mine,) = [r for r in read_records(tmp_path) if r["key"] == key]
+    (theirs,) = [r for r in read_records(ref) if r["key"] == key]
+    assert all(r["exact"] == r["cells"] == 1 for r in compare_collections([mine], [theirs]))
+    assert {k: v for k, v in mine.items() if k != "seconds"} == {k: v for k, v in theirs.items() if k != "seconds"}  # every column but time
