@@ -18,6 +18,7 @@ import math
 import os
 import re
 import shlex
+import signal
 import sys
 import time
 import warnings
@@ -34,7 +35,7 @@ from .runs import (BASE_CHOICES, ADAPT_MODES, LR_SCHEDULES, OPTIMIZERS, HFRunCon
                                atomic_write_bytes, check_run_dir, check_writable, exclusive_run_dir, objective_training, read_json, rename_fields, resolve_config,
                                resolve_device, write_command, DEFAULT_RUN, DEFAULT_TASK)
 from .tasks import Task, make_task, task_class
-from .train import BaseGateError, NonFiniteError, run
+from .train import BaseGateError, NonFiniteError, check_batch_split, run
 # the package's tasks register themselves (Task.registry) when their modules are imported; --task names any registered one
 import basedirected.addition, basedirected.grid_pathfinding, basedirected.sorting  # noqa: F401
 from .visiting_order import REGIMES
@@ -363,6 +364,7 @@ def config_from_args(a: argparse.Namespace,  # what `build_parser` parsed
     try: cfg = resolve_config(a.task or DEFAULT_TASK, a.objective, {k: v for k, (v, _) in given.items()}, a.alpha, a.gamma, a.regime,
                               names={k: flag for k, (_, flag) in given.items()}, base=a.base if shipped else None, **fields)
     except ValueError as e: raise ValueError(_as_flags(str(e))) from None
+    if "cvae.coupling_reader" in given and not cfg.cvae.coupling: raise ValueError("--coupling-reader is the coupling term's classifier: it needs --coupling > 0")
     return _original_switch(cfg, a)
 
 # %% ../nbs/10b_cli.ipynb #0fdacb39
@@ -373,8 +375,8 @@ def hf_config_from_args(a: argparse.Namespace,  # what `build_parser` parsed, wi
     if a.data is None: raise ValueError("--backbone needs --data, the training JSONL")
     paths = {k: str(Path(v).resolve()) for k, v in (("backbone", a.backbone), ("data", a.data), ("eval_data", a.eval_data)) if v is not None}
     try:
-        loss, train = objective_training(a.objective, given.get("train.steps", (TrainConfig().steps,))[0], a.alpha, a.gamma)
         custom = any(k.startswith("loss.lambda_") for k in given)
+        loss, train = objective_training(a.objective, given.get("train.steps", (TrainConfig().steps,))[0], a.alpha, a.gamma, refuse_unused=not custom)
         cfg = HFRunConfig(**paths, loss=loss, objective="custom" if custom else a.objective, train=train, task=a.task, regime=a.regime)
         cfg = apply_overrides(cfg, {k: v for k, (v, _) in given.items() if k not in paths}, {k: flag for k, (_, flag) in given.items()})
     except ValueError as e: raise ValueError(_as_flags(str(e))) from None
@@ -430,6 +432,8 @@ def _checked(a: argparse.Namespace, world: int):
         train = lambda: run(a.run_dir, config, device=a.device, progress=not a.quiet, stop_after=a.stop_after, resume_without_log=a.resume_without_log,
                             require_gate=not a.allow_failed_base, compile=a.compile, shared_prefix=a.shared_prefix, metrics=not a.no_metrics,
                             tensorboard=a.tensorboard, base=base)
+    try: check_batch_split(config.train, world)  # under torchrun, before any rank writes anything
+    except ValueError as e: raise ValueError(f"--batch-size {config.train.batch_size}: {e}") from None
     if config.cvae.latent == "discrete" and config.cvae.K == 1 and not a.allow_inert:
         raise ValueError("--K 1 leaves a discrete latent inert by construction (one code carries no information); pass --allow-inert to run it as a control")
     resolve_device(a.device)
@@ -465,6 +469,7 @@ def train_main(argv: list[str] | None = None,  # the options (None: the command 
             parser.exit(2, f"{parser.prog}: error: {e}\n")  # a Hugging Face run checks its data as it reads it
         except OSError as e: parser.exit(2, f"{parser.prog}: error: {e.filename or rd.path}: {e.strerror or e}; nothing already written was lost\n")
         except KeyboardInterrupt:  # the files on disk are whole (atomic writes); the log is cut back to the checkpoint on resume
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while this one is answered changes nothing
             kept = "from its last checkpoint" if rd.checkpoint.exists() else "from the start (no checkpoint was written yet)"
             parser.exit(130, f"{parser.prog}: interrupted; run the same command again to resume {kept}\n")
         finally:

@@ -14,9 +14,9 @@ from numbers import Real
 import torch
 
 # %% auto #0
-__all__ = ['NEGATIVE_SURPRISAL_TOLERANCE', 'check_unit_interval', 'check_nonnegative', 'check_positive', 'value_checks_enabled',
-           'trusted_values', 'check_batch', 'masked_fill_zero', 'masked_mean', 'reference_dtype', 'patch',
-           'autocast_disabled']
+__all__ = ['MAX_TERM_WEIGHT', 'NEGATIVE_SURPRISAL_TOLERANCE', 'check_unit_interval', 'check_nonnegative', 'check_positive',
+           'check_at_most', 'value_checks_enabled', 'trusted_values', 'check_batch', 'masked_fill_zero', 'masked_mean',
+           'reference_dtype', 'patch', 'autocast_disabled']
 
 # %% ../nbs/00_conventions.ipynb #008da8f7
 def _as_float(value,    # a Python real or a one-element tensor
@@ -56,6 +56,19 @@ def check_positive(value,     # scalar, e.g. the reference scale c_ref
     "Return `value` as a float, or raise `ValueError` unless it is finite and $> 0$."
     v = _as_float(value, name)
     if v <= 0: raise ValueError(f"{name} must be > 0, got {v}")
+    return v
+
+# %% ../nbs/00_conventions.ipynb #49830c61
+MAX_TERM_WEIGHT = 1e6  # the largest weight a term of the loss may carry (a lambda, the coupling's rho, beta)
+
+def check_at_most(value,      # scalar hyperparameter, already checked finite
+                  ceiling: float,  # the largest value allowed
+                  name: str,  # the argument's name, quoted in the error
+                  why: str = "a weight that large leaves no other term in float32 and can overflow the loss",  # what goes wrong above the ceiling
+                 ) -> float:  # `value` as a float
+    "Return `value` as a float, or raise `ValueError` naming it when it exceeds `ceiling`."
+    v = _as_float(value, name)
+    if v > ceiling: raise ValueError(f"{name} must be <= {ceiling:g} ({why}), got {v:g}")
     return v
 
 # %% ../nbs/00_conventions.ipynb #95429154

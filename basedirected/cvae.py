@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .conventions import patch
+from .conventions import MAX_TERM_WEIGHT, check_at_most, patch
 from .distributions import categorical_kl, gaussian_kl
 from .model import Batch, CausalLM, Rows, as_rows, gather_response, layout_tokens
 from .objective import ReconstructionLossConfig, free_bits_kl, loss_token_weights, objective
@@ -53,10 +53,15 @@ class CVAEConfig:
         if self.posterior not in POSTERIORS: raise ValueError(f"posterior must be one of {', '.join(POSTERIORS)}, got {self.posterior!r}")
         if self.latent == "continuous" and self.posterior != "amortized": raise ValueError(f"posterior {self.posterior!r} needs latent 'discrete'")
         for name in ("K", "latent_dim", "n_samples"):
-            if getattr(self, name) < 1: raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            v = getattr(self, name)
+            if type(v) is not int or v < 1: raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if not 0 <= self.code_init_noise < float("inf"): raise ValueError(f"code_init_noise must be finite and >= 0, got {self.code_init_noise}")
+        check_at_most(self.code_init_noise, 1e3, "code_init_noise", "noise that large makes the codes' embeddings dwarf every token's a thousandfold, and far larger overflows float32")
+        if self.latent == "continuous" and self.code_init_noise != CVAEConfig.code_init_noise:
+            raise ValueError("code_init_noise is the discrete codes' initialization; a continuous latent has none (drop it)")
         if self.router not in ROUTERS: raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
         if not 0 <= self.coupling < float("inf"): raise ValueError(f"coupling must be finite and >= 0, got {self.coupling}")
+        check_at_most(self.coupling, MAX_TERM_WEIGHT, "coupling")
         if self.coupling_reader not in COUPLING_READERS: raise ValueError(f"coupling_reader must be one of {', '.join(COUPLING_READERS)}, got {self.coupling_reader!r}")
         if self.coupling_reader != "bag" and not self.coupling: raise ValueError(f"coupling_reader {self.coupling_reader!r} needs coupling > 0 (it is the coupling term's classifier)")
         if self.latent == "continuous" and (self.router != "input" or self.coupling): raise ValueError("router 'marginal' and coupling need latent 'discrete'")

@@ -9,6 +9,7 @@ import csv
 import dataclasses
 import itertools
 import json
+import math
 import os
 import re
 import shlex
@@ -27,7 +28,7 @@ from .model import ModelConfig
 from .objective import OBJECTIVE_NAMES, objectives
 from .pretrained import BASE_FILES
 from .runs import (RunConfig, RunDir, atomic_write_bytes, atomic_write_json, base_source, check_writable, environment_record, exclusive_run_dir,
-                               file_lock, load_base, load_checkpoint, prepare_base, use_numerics,
+                               check_gate_record, file_lock, load_base, load_checkpoint, prepare_base, use_numerics,
                                prepare_gate, prepare_reference_scale, prepare_run, read_json, remove_temporaries, resolve_config, resolve_device, run_vocab, write_command)
 from .tasks import Task, make_splits
 from .cli import command_argv
@@ -595,6 +596,7 @@ def pack_memory_gib(configs: list[RunConfig],  # the runs of one pack (trained a
         m, exact = cfg.base.model, cfg.cvae.latent == "discrete" and cfg.cvae.posterior == "exact"
         rows = cfg.cvae.K + (not exact) if cfg.cvae.latent == "discrete" else 2  # generator rows per example, and the posterior's
         return BYTES_PER_PARAMETER * _parameters(cfg) + BYTES_PER_ACTIVATION * cfg.train.batch_size * rows * m.max_len * m.d_model * m.n_layers
+    if not configs: raise ValueError("a pack holds at least one run")
     return CUDA_CONTEXT_GIB + sum(map(run, configs)) / 2**30
 
 # %% ../nbs/11_experiments.ipynb #cc23b426
@@ -623,6 +625,8 @@ def run_placed(needs: list[float],     # each pack's memory estimate, GiB, in th
               ):
     "Start each pack only where its estimate fits beside those running (at most `jobs` at once, in order); yields `(k, future)` as each ends."
     from concurrent.futures import FIRST_COMPLETED, wait
+    if type(jobs) is not int or jobs < 1: raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
+    if bad := [n for n in needs if not (isinstance(n, (int, float)) and math.isfinite(n) and n > 0)]: raise ValueError(f"every pack needs a positive, finite memory estimate, got {bad[0]!r}")
     largest = max(placer.free)
     if needs and max(needs) > largest:
         raise ValueError(f"a pack needs about {max(needs):.1f} GiB, more than a device's {largest:.1f} GiB budget: give a smaller --group-size")
@@ -667,6 +671,7 @@ def seed_bases(out: Path,       # the sweep's directory
     names = sorted(n for n in wanted if (source / n / "base.pt").is_file())
     if not names: raise ValueError(f"--bases {source} holds none of the bases preset {preset.name} adapts from ({', '.join(sorted(wanted))})")
     for n in names:
+        if (source / n / "base_gate.json").is_file(): check_gate_record(read_json(source / n / "base_gate.json"), source / n / "base_gate.json")
         if load_base(source / n, run_vocab(wanted[n]), wanted[n]) is None:
             raise ValueError(f"--bases {source}: {n}/base.pt was made for another recipe than preset {preset.name}'s (its base configuration, seed, task or training size differ)")
     check_writable(Path(out))
@@ -677,7 +682,11 @@ def earlier_cells(earlier: Path,  # an earlier collection of the sweep (a sweep 
     "The cells an earlier collection holds (the keys of its `results.csv`) and the gates of the bases it prepared (`base_gates.json`)."
     earlier = Path(earlier)
     if not (earlier / "results.csv").is_file(): raise ValueError(f"{earlier / 'results.csv'} not found: {earlier} holds no collected sweep")
-    with open(earlier / "results.csv", newline="") as f: keys = {row["key"] for row in csv.DictReader(f)}
+    try:
+        with open(earlier / "results.csv", newline="", encoding="utf-8") as f: rows = list(csv.DictReader(f))
+    except UnicodeDecodeError: raise ValueError(f"{earlier / 'results.csv'} is not UTF-8 text: not a collection this package wrote") from None
+    if rows and "key" not in rows[0]: raise ValueError(f"{earlier / 'results.csv'} has no 'key' column: not a collection this package wrote")
+    keys = {row["key"] for row in rows}
     return keys, read_json(earlier / "base_gates.json") if (earlier / "base_gates.json").is_file() else {}
 
 def check_same_bases(out: Path,    # the sweep's directory

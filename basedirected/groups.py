@@ -28,17 +28,25 @@ from .tasks import epoch_permutation
 from .train import NonFiniteError, fit
 
 # %% auto #0
-__all__ = ['GROUP_FREE_FIELDS', 'GROUP_PRECISIONS', 'ATTENTION_BACKENDS', 'group_key', 'pack_groups', 'TokenWeightTable',
-           'GroupAdamW', 'default_group_precision', 'compute_copy', 'FoldedAttention', 'folded_attention', 'RunGroup',
-           'train_group']
+__all__ = ['GROUP_FREE_FIELDS', 'GROUP_PRECISIONS', 'ATTENTION_BACKENDS', 'alone_reason', 'group_key', 'pack_groups',
+           'TokenWeightTable', 'GroupAdamW', 'default_group_precision', 'compute_copy', 'FoldedAttention',
+           'folded_attention', 'RunGroup', 'train_group']
 
 # %% ../nbs/10c_groups.ipynb #7949a250
 GROUP_FREE_FIELDS = ("seed", "base_seed", "objective", "loss", "train.beta", "train.tau", "train.beta_times_c_ref", "train.free_bits")
 
+def alone_reason(config: RunConfig,  # a run's configuration
+                ) -> str | None:    # why it trains alone, or None
+    "Why a run cannot join a group: its reference recomputed each step, a marginal router, or the coupling term (mechanisms the group's step does not stack)."
+    if config.train.recompute_reference: return "its reference is recomputed each step"
+    if config.cvae.router != "input": return "a marginal router r(z) is not stacked by the group's step"
+    if config.cvae.coupling > 0: return "the coupling term is not stacked by the group's step"
+    return None
+
 def group_key(config: RunConfig,  # a run's configuration
              ) -> str | None:    # the JSON of what the group shares; None: the run trains alone
     "What runs of one group must share: `config` without `GROUP_FREE_FIELDS`; None for a run that trains alone (its reference recomputed each step, or a mechanism of notebook 07a the group's step does not stack: a marginal router, the coupling term)."
-    if config.train.recompute_reference or config.cvae.router != "input" or config.cvae.coupling > 0: return None
+    if alone_reason(config): return None
     d = config.to_dict()
     for path in GROUP_FREE_FIELDS:
         *head, last = path.split(".")
@@ -274,7 +282,7 @@ class RunGroup:
                  fold_attention: bool = True):              # one attention call for every run (FoldedAttention), not vmap's batching
         keys = {group_key(r.config) for r in runs}
         if not runs: raise ValueError("a group needs at least one run")
-        if None in keys: raise ValueError("a run whose reference is recomputed each step trains alone, not in a group")
+        if None in keys: raise ValueError(f"a run trains alone, not in a group: {next(alone_reason(r.config) for r in runs if alone_reason(r.config))}")
         if len(keys) != 1: raise ValueError("the runs of a group must share everything but seed, objective, beta and free bits (see group_key)")
         if len({r.device for r in runs}) != 1: raise ValueError("the runs of a group must be on one device")
         self.runs, self.device, self.tc = runs, runs[0].device, runs[0].config.train

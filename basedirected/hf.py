@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,13 +40,13 @@ from .tasks import Example, make_task
 from .train import check_batch_split, complete, fit
 
 # %% auto #0
-__all__ = ['LAYOUT_SPECIALS', 'WEIGHT_FILES', 'LOADER', 'HFVocab', 'save_tiny_backbone', 'HFCausalLM', 'init_new_embeddings',
-           'load_backbone', 'PairRecord', 'read_pairs', 'pairs_to_examples', 'encode_examples', 'EncodedPairs',
-           'context_length', 'check_context', 'check_context_length', 'HFReference', 'PairSurprisalCache',
-           'train_rows_only', 'embedding_matrices', 'build_hf_cvae', 'hf_reference', 'build_optimizers',
-           'hf_reference_scale', 'hf_metrics', 'task_input', 'task_response', 'hf_generation_metrics',
-           'check_hf_inputs', 'check_backbone', 'check_task_data', 'prepare_hf_run', 'load_hf_run', 'hf_run',
-           'hf_run_metrics', 'model_card', 'export_run']
+__all__ = ['LAYOUT_SPECIALS', 'HARMLESS_LIBRARY_WARNINGS', 'WEIGHT_FILES', 'LOADER', 'HFVocab', 'save_tiny_backbone',
+           'HFCausalLM', 'init_new_embeddings', 'load_backbone', 'PairRecord', 'read_pairs', 'pairs_to_examples',
+           'encode_examples', 'EncodedPairs', 'context_length', 'check_context', 'check_context_length', 'HFReference',
+           'PairSurprisalCache', 'train_rows_only', 'embedding_matrices', 'build_hf_cvae', 'hf_reference',
+           'build_optimizers', 'hf_reference_scale', 'hf_metrics', 'task_input', 'task_response',
+           'hf_generation_metrics', 'check_hf_inputs', 'check_backbone', 'check_task_data', 'prepare_hf_run',
+           'load_hf_run', 'hf_run', 'hf_run_metrics', 'model_card', 'export_run']
 
 # %% ../nbs/10a_hf.ipynb #23fc6380
 LAYOUT_SPECIALS = ("<x>", "</x>", "<y>", "</y>", "<z>", "</z>", "<znull>")
@@ -337,6 +338,8 @@ def embedding_matrices(lm: HFCausalLM,  # a backbone
     return list({id(w): w for w in mats}.values())
 
 # %% ../nbs/10a_hf.ipynb #8795e81b
+HARMLESS_LIBRARY_WARNINGS = (r"fan_in_fan_out is set to False but the target module is `Conv1D`", r"`is_gradient_checkpointing` is deprecated")  # peft's, on every LoRA run
+
 def build_hf_cvae(base: HFCausalLM,      # the loaded backbone (copied: it stays the base)
                   vocab: HFVocab,
                   config: CVAEConfig,    # a discrete latent
@@ -357,7 +360,9 @@ def build_hf_cvae(base: HFCausalLM,      # the loaded backbone (copied: it stays
         model.posterior_head.requires_grad_(uses_posterior)
         if adapt.mode == "lora":
             for net in (model.generator, model.posterior) if uses_posterior else (model.generator,):
-                net.model = peft.get_peft_model(net.model, adapt.lora_config())
+                with warnings.catch_warnings():  # harmless, and known here: GPT-2's Conv1D takes fan_in_fan_out; peft asks transformers a deprecated name
+                    for message in HARMLESS_LIBRARY_WARNINGS: warnings.filterwarnings("ignore", message=message)
+                    net.model = peft.get_peft_model(net.model, adapt.lora_config())
         for w in embedding_matrices(model.generator): train_rows_only(w, model.code_ids)  # the code rows: z's embedding and router
     return model
 
@@ -648,7 +653,6 @@ def _export_refusal(rd: RunDir, out: Path, whole_model: bool) -> HFRunConfig:
     config = HFRunConfig.from_dict(record["config"])
     if config.adapt.mode != "lora" and not whole_model:
         raise ValueError(f"{rd.path}: adapt mode {config.adapt.mode!r} trains no adapter; pass --whole-model to write the whole generator with save_pretrained")
-    if not str(out).strip(): raise ValueError("OUT must name a directory, got an empty string")
     if out.exists() and (not out.is_dir() or any(out.iterdir())): raise ValueError(f"{out} exists and is not empty: choose a new directory")
     if (above := next((q for q in out.parents if q.exists()), None)) is not None and (not above.is_dir() or not os.access(above, os.W_OK | os.X_OK)):
         raise ValueError(f"{out}: {above} is {'not a directory' if not above.is_dir() else 'not writable'}")
@@ -674,12 +678,17 @@ def export_run(run_dir,                     # a run directory on a Hugging Face 
                whole_model: bool = False,   # write the whole generator (save_pretrained; LoRA merged) instead of the adapter
               ) -> Path:
     "Write a run's generator as a PEFT adapter (embeddings included) or a whole model, with its tokenizer and a README that says how to load it; an amortized posterior's adapter in `out/posterior`. Written beside `out` and renamed into place: a kill leaves no half export."
+    if not str(out).strip(): raise ValueError("OUT must name a directory, got an empty string")  # before Path(''), which is '.'
     rd, out = RunDir(run_dir), Path(out)
     config = _export_refusal(rd, out, whole_model)
-    run = load_hf_run(rd.path, "cpu")
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()  # the export's output is its path, or one line saying why not
+    try: run = load_hf_run(rd.path, "cpu")
+    finally:
+        if bars: transformers.utils.logging.enable_progress_bar()
     gen, post = run.model.generator.model, run.model.posterior
+    for stale in out.parent.glob(f".{out.name}.partial*"): shutil.rmtree(stale, ignore_errors=True)  # what a killed export of OUT left beside it
     tmp = out.with_name(f".{out.name}.partial{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
         if whole_model: (gen.merge_and_unload() if isinstance(gen, peft.PeftModel) else gen).save_pretrained(tmp)
         else: gen.save_pretrained(tmp, save_embedding_layers=True)  # the code rows trained; the added tokens' rows exist only here

@@ -58,6 +58,7 @@ def strategy_information(q: torch.Tensor,           # (N, K) posteriors q(z|x,y)
     "$I(z;s)$ from the expected joint of codes and true strategies (rows whose strategy is unknown, < 0, left out); divided by $H(s)$ when `normalized`."
     q = _posteriors(q)
     if strategies.shape != q.shape[:1]: raise ValueError(f"strategies must hold one label per row of q, shape ({len(q)},), got {tuple(strategies.shape)}")
+    if strategies.is_floating_point() or strategies.is_complex(): raise ValueError(f"strategies must be integer labels, got dtype {strategies.dtype}")
     if bool((strategies < -1).any()): raise ValueError(f"strategies must be >= 0 (known) or -1 (unknown), got {int(strategies.min())}")
     known = strategies >= 0
     if not bool(known.any()): raise ValueError("strategy_information needs at least one row with a known strategy (>= 0)")

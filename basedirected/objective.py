@@ -10,9 +10,9 @@ from typing import NamedTuple
 
 import torch
 
-from .conventions import NEGATIVE_SURPRISAL_TOLERANCE, check_nonnegative, check_positive, check_unit_interval, value_checks_enabled
+from .conventions import MAX_TERM_WEIGHT, NEGATIVE_SURPRISAL_TOLERANCE, check_at_most, check_nonnegative, check_positive, check_unit_interval, value_checks_enabled
 from .reconstruction import TERM_NAMES, TERM_SPECS, reconstruction_terms, resolve_term
-from .weights import ReferenceWeights, reference_weights
+from .weights import GAMMA_CEILING_WHY, MAX_GAMMA, ReferenceWeights, reference_weights
 
 # %% auto #0
 __all__ = ['LOSS_PRESETS', 'BETA_SCHEDULES', 'OBJECTIVE_NAMES', 'ORIGINAL_FLAG_ALIASES', 'ReconstructionLossConfig',
@@ -64,9 +64,9 @@ class ReconstructionLossConfig(_LossPresets):
     mean_one_lambda: float = 0.5   # interpolation of `mean1` (1 = pure mean-one surprisal weights)
 
     def __post_init__(self):
-        for name, value in self.lambdas().items(): check_nonnegative(value, name)
+        for name, value in self.lambdas().items(): check_at_most(check_nonnegative(value, name), MAX_TERM_WEIGHT, name)
         if sum(self.lambdas().values()) == 0: raise ValueError("at least one reconstruction weight lambda_* must be > 0")
-        check_unit_interval(self.alpha, "alpha"); check_nonnegative(self.gamma, "gamma")
+        check_unit_interval(self.alpha, "alpha"); check_at_most(check_nonnegative(self.gamma, "gamma"), MAX_GAMMA, "gamma", GAMMA_CEILING_WHY)
         if self.token_reduction not in ("mean", "sum"): raise ValueError(f"token_reduction must be 'mean' or 'sum', got {self.token_reduction!r}")
         check_unit_interval(self.topk_fraction, "topk_fraction"); check_unit_interval(self.mean_one_lambda, "mean_one_lambda")
         if self.topk_fraction == 0: raise ValueError("topk_fraction must be > 0")

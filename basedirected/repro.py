@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .cli import OneLineParser, add_dataclass_options, dataclass_from_args
 from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, earlier_collection, preset_from_record, read_records, submit_sweep
-from .experiments import PRESETS, SweepDir, execute, finished, plan, seed_bases
+from .experiments import PRESETS, SweepDir, earlier_cells, execute, finished, plan, seed_bases
 from .reports import answer_text, compare_collections, comparison_text, write_reports
 from .runs import atomic_write_bytes, check_writable, environment_record, read_json, resolve_device
 from .train import NonFiniteError
@@ -149,8 +149,12 @@ def repro_main(argv: list[str] | None = None,  # command-line arguments (None: t
     if a.only is not None:
         if a.collect or cluster.executor != "pool": p.error("--only selects the cells this invocation trains: it needs --executor pool and no --collect")
         try: re.compile(a.only)
-        except re.error as e: p.error(f"--only {a.only!r} is not a regular expression ({e})")
+        except (re.error, OverflowError, RecursionError) as e: p.error(f"--only {a.only!r} is not a regular expression this package can use ({e})")
     if a.earlier is not None and not (Path(a.earlier) / "results.csv").is_file(): p.error(f"--earlier {a.earlier}: no results.csv there (it must be a collected sweep)")
+    if a.earlier is not None and not (Path(a.earlier) / "base_gates.json").is_file(): p.error(f"--earlier {a.earlier}: no base_gates.json there (a collected sweep has one: the gates its cells' bases passed)")
+    if a.earlier is not None:
+        try: earlier_cells(Path(a.earlier))
+        except ValueError as e: p.error(f"--earlier {e}")
     if a.compare is not None and not (Path(a.compare) / "results.csv").is_file(): p.error(f"--compare {a.compare}: no results.csv there (it must be a collected sweep)")
     if a.tensorboard is not None:
         if a.collect or cluster.executor != "pool": p.error("--tensorboard writes the events of the cells this invocation trains: it needs --executor pool and no --collect")
@@ -174,6 +178,14 @@ def repro_main(argv: list[str] | None = None,  # command-line arguments (None: t
         p.exit(130, f"basedirected-repro: interrupted; finished cells are kept and a rerun of the same command resumes the others\n")
     if summary is None: return 0  # submitted without waiting
     wall = time.perf_counter() - t0
+    try: _report(a, out, records, missing, summary, wall)
+    except (OSError, ValueError) as e:  # a full disk, an earlier collection's damaged file: one line; the cells stay finished on disk
+        p.exit(2, f"basedirected-repro: error: {getattr(e, 'filename', None) or out}: {getattr(e, 'strerror', None) or e}; the finished cells are kept, and --collect writes the reports again\n")
+    except KeyboardInterrupt: p.exit(130, "basedirected-repro: interrupted while writing the reports; the finished cells are kept, and --collect writes them again\n")
+    return 1 if missing else 0
+
+def _report(a, out: Path, records: list[dict], missing: list[str], summary: dict, wall: float):
+    "The reports of a sweep, its answer on the terminal, the cells missing and the comparison asked for."
     if records: write_reports(out, records, {**summary, "wall_seconds": wall, "missing": missing}, Path(a.earlier) if a.earlier else None)
     else: print(f"no cell of the sweep in {out} has finished yet")
     if records:
@@ -184,7 +196,6 @@ def repro_main(argv: list[str] | None = None,  # command-line arguments (None: t
           f"tables, figures and per-run logs in {out}/")
     if missing: print(_missing_message(out, missing))
     if a.compare is not None and records: _compare(out, records, Path(a.compare))
-    return 1 if missing else 0
 
 # %% ../nbs/12b_repro.ipynb #bc9fab8c
 def _compare(out: Path, records: list[dict], reference: Path):

@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .base import (GATE, GATE_SAMPLES_PER_INPUT, BaseTrainConfig, FrozenReference, SurprisalCache, base_gate,
+from .base import (GATE, GATE_SAMPLES_PER_INPUT, BaseTrainConfig, FrozenReference, SurprisalCache, base_gate, gate_failures,
                                base_training_examples, estimate_model_reference_scale, pretrain_base)
-from .conventions import check_nonnegative, check_positive, check_unit_interval, patch
+from .conventions import check_at_most, check_nonnegative, check_positive, check_unit_interval, patch
 from .cvae import CVAEConfig, build_cvae
 from .model import EncodedExamples, ModelConfig, TinyCausalLM, layout_tokens
 from .pretrained import base_key, catalogue, check_pretrained, file_sha256, install_pretrained, pretrained_for, shipped_name, verify_pretrained
@@ -39,19 +39,20 @@ from .visiting_order import VisitingOrder
 import basedirected.addition, basedirected.grid_pathfinding, basedirected.sorting  # noqa: F401
 
 # %% auto #0
-__all__ = ['LR_SCHEDULES', 'MAX_KL_WEIGHT', 'DEFAULT_TASK', 'DEFAULT_RUN', 'ADAPT_MODES', 'OPTIMIZERS', 'BASE_CHOICES',
+__all__ = ['LR_SCHEDULES', 'MAX_LR', 'MAX_KL_WEIGHT', 'DEFAULT_TASK', 'DEFAULT_RUN', 'ADAPT_MODES', 'OPTIMIZERS', 'BASE_CHOICES',
            'BASE_CHECKPOINT_EVERY', 'LOADERS', 'TrainConfig', 'MetricsConfig', 'RunConfig', 'rename_fields',
            'apply_overrides', 'recipe_overrides', 'objective_training', 'pretrained_overrides', 'default_changes',
            'resolve_config', 'AdaptConfig', 'HFRunConfig', 'RunDir', 'atomic_write_bytes', 'atomic_write_json',
            'atomic_torch_save', 'load_checkpoint', 'read_json', 'trained_state', 'load_trained_state', 'file_lock',
            'exclusive_run_dir', 'remove_temporaries', 'read_log', 'truncate_log', 'environment_record', 'cpu_model',
            'use_numerics', 'resolve_device', 'run_vocab', 'distributed_setup', 'barrier', 'gather_floats',
-           'shard_indices', 'load_base', 'base_source', 'prepare_base', 'prepare_reference_scale', 'prepare_gate',
-           'Run', 'read_reference_scale', 'write_run_record', 'write_command', 'check_writable', 'check_run_dir',
-           'RunInputError', 'check_sequence_lengths', 'prepare_run', 'load_run']
+           'shard_indices', 'load_base', 'base_source', 'prepare_base', 'prepare_reference_scale', 'check_gate_record',
+           'prepare_gate', 'shared_surprisal', 'Run', 'read_reference_scale', 'write_run_record', 'write_command',
+           'check_writable', 'check_run_dir', 'RunInputError', 'check_sequence_lengths', 'prepare_run', 'load_run']
 
 # %% ../nbs/09_runs.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
+MAX_LR = 10.0  # the CVAE's learning rate at most
 MAX_KL_WEIGHT = 1e6  # beyond it beta KL swamps the reconstruction (a nat or so) below float32's 7 digits, and overflows towards float32's 3.4e38
 
 @dataclass(frozen=True)
@@ -81,9 +82,10 @@ class TrainConfig:
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "warmup_steps", "eval_every", "checkpoint_every", "grad_accum"):
-            if getattr(self, name) < 1: raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_nonfinite_steps < 0: raise ValueError(f"max_nonfinite_steps must be >= 0, got {self.max_nonfinite_steps}")
-        check_positive(self.lr, "lr"); check_nonnegative(self.weight_decay, "weight_decay"); check_positive(self.grad_clip, "grad_clip")
+            v = getattr(self, name)
+            if type(v) is not int or v < 1: raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if type(self.max_nonfinite_steps) is not int or self.max_nonfinite_steps < 0: raise ValueError(f"max_nonfinite_steps must be an integer >= 0, got {self.max_nonfinite_steps!r}")
+        check_at_most(check_positive(self.lr, "lr"), MAX_LR, "lr", "an AdamW step moves every weight by about lr: far beyond 1 the first steps leave the base, and the loss overflows"); check_nonnegative(self.weight_decay, "weight_decay"); check_positive(self.grad_clip, "grad_clip")
         check_nonnegative(self.free_bits, "free_bits")
         if self.batch_size % self.grad_accum: raise ValueError(f"batch_size {self.batch_size} must be divisible by grad_accum {self.grad_accum}")
         # the floor is a max over the whole batch's mean KL: micro-batches would each floor their own
@@ -167,12 +169,16 @@ class RunConfig:
             if self.task.ideal_surprisal(probe) is None or self.task.oracle_surprisal(probe) is None:
                 raise ValueError(f"tau needs a task whose ideal and oracle surprisal are known (they give the break-even beta*); "
                                  f"task {self.task.name} has none: give beta instead")
+        for name, least in (("n_train", 2), ("n_eval", 1), ("c_samples", 2)):
+            if type(getattr(self, name)) is not int: raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
         if self.n_train < 2: raise ValueError(f"n_train must be >= 2 (the data-based c_theta estimate needs two examples), got {self.n_train}")
         if self.n_eval < 1: raise ValueError(f"n_eval must be >= 1, got {self.n_eval}")
         if self.objective not in OBJECTIVE_NAMES + ("custom",): raise ValueError(f"objective must be one of {', '.join(OBJECTIVE_NAMES)} or custom, got {self.objective!r}")
         if self.c_source not in ("model", "data"): raise ValueError(f"c_source must be 'model' or 'data', got {self.c_source!r}")
         if self.c_samples < 2: raise ValueError(f"c_samples must be >= 2, got {self.c_samples}")
         if self.cvae.latent == "discrete" and self.train.free_bits_mode == "dimension": raise ValueError("free_bits_mode 'dimension' needs latent 'continuous'")
+        if self.cvae.coupling > 0 and (self.train.tau == 0 or (self.train.tau is None and self.train.beta.beta == 0)):
+            raise ValueError("coupling weighs its term by coupling x beta: with a KL weight of 0 the term does nothing (give a beta or tau > 0, or drop coupling)")
         if self.cvae.latent == "discrete" and self.cvae.K > 64: raise ValueError(f"K must be <= 64, got {self.cvae.K}")
 
     data_seed = property(lambda self: self.seed if self.base_seed is None else self.base_seed)  # seeds the data, the base, c_theta
@@ -197,17 +203,38 @@ def rename_fields(message: str,           # a validation message that names conf
         message = re.sub(rf"(?<![\w.'-]){re.escape(name)}(?![\w'-])", names[name], message)
     return message
 
+def _check_type(annotation: str,  # a field's annotation as written ('int', 'float | None', ...)
+                value, name: str):
+    "Refuse (`ValueError` naming the field) a value of another type than its field's: a bool or a float for an integer, a string for a number."
+    kinds = {k.strip() for k in str(annotation).split("|")}
+    if value is None:
+        if "None" not in kinds: raise ValueError(f"{name} must be given a value, got None")
+        return
+    if kinds & {"int", "float", "bool", "str"} and not (
+            ("bool" in kinds and type(value) is bool) or ("int" in kinds and type(value) is int)
+            or ("float" in kinds and type(value) in (int, float)) or ("str" in kinds and isinstance(value, str))):
+        want = " or ".join(sorted({"int": "an integer", "float": "a number", "bool": "True or False", "str": "a string"}[k] for k in kinds & {"int", "float", "bool", "str"}))
+        raise ValueError(f"{name} must be {want}, got {value!r}")
+
 def apply_overrides(obj,                          # a frozen dataclass (a configuration)
                     overrides: dict[str, object],  # dotted path (relative to obj) -> value
                     names: dict[str, str] | None = None,  # dotted path -> the caller's name for it, in error messages
                     prefix: str = "",              # obj's own path (recursion)
                    ):
     "`obj` with `overrides` applied bottom-up; a `ValueError` from a nested check names the field as `names` does."
-    names = names or {}
+    names, fields = names or {}, {f.name: f for f in dataclasses.fields(obj)}
     direct = {k: v for k, v in overrides.items() if "." not in k}
     nested = {}
     for k, v in overrides.items():
         if "." in k: head, rest = k.split(".", 1); nested.setdefault(head, {})[rest] = v
+    for k in [*direct, *nested]:
+        if k not in fields: raise ValueError(f"{prefix}{k or '(empty)'}: {type(obj).__name__} has no field {k!r}" + (f" ({', '.join(fields)})" if len(fields) < 30 else ""))
+    for k in nested:
+        if not dataclasses.is_dataclass(getattr(obj, k)): raise ValueError(f"{prefix}{k} is a value, not a group of fields: set it as {prefix}{k}")
+    for k, v in direct.items():
+        if dataclasses.is_dataclass(getattr(obj, k)) and not dataclasses.is_dataclass(v):
+            raise ValueError(f"{prefix}{k} is a group of fields ({type(getattr(obj, k)).__name__}): set one of them, e.g. {prefix}{k}.{dataclasses.fields(getattr(obj, k))[0].name}")
+        _check_type(fields[k].type, v, names.get(prefix + k, prefix + k))
     kw = {name: apply_overrides(getattr(obj, name), sub, names, f"{prefix}{name}.") for name, sub in nested.items()}
     kw.update(direct)
     try: return dataclasses.replace(obj, **kw)
@@ -228,9 +255,14 @@ def objective_training(objective: str,          # a name of the objectives table
                        steps: int,              # the run's CVAE steps (the beta schedule's length)
                        alpha: float | None = None, gamma: float | None = None,  # theta's weights (None: 0.5 and 1)
                        train: TrainConfig = TrainConfig(),  # the training configuration to complete
+                       refuse_unused: bool = True,          # refuse an alpha or gamma the objective's own stack does not use (False: the caller changes the stack)
                       ) -> tuple[ReconstructionLossConfig, TrainConfig]:
-    "The objective's loss stack, and `train` with its KL treatment: its beta schedule over `steps`, its free bits, the beta x c_theta control."
+    "The objective's loss stack, and `train` with its KL treatment: its beta schedule over `steps`, its free bits, the beta x c_theta control; `ValueError` for an unknown name, or an alpha or gamma the objective does not use."
+    if objective not in OBJECTIVE_NAMES: raise ValueError(f"objective must be one of {', '.join(OBJECTIVE_NAMES)}, got {objective!r}")
     obj = objectives(alpha=0.5 if alpha is None else alpha, gamma=1.0 if gamma is None else gamma)[objective]
+    for name, v, default in (("alpha", alpha, 0.5), ("gamma", gamma, 1.0)):
+        if refuse_unused and v is not None and v != default and objectives(**{name: default})[objective].loss == objectives(**{name: v})[objective].loss:
+            raise ValueError(f"{name} {v:g} has no effect on objective {objective} (it weights J_theta's tokens" + (" and the token-weighted terms'" if name == "gamma" else "") + ")")
     train = dataclasses.replace(train, free_bits=obj.free_bits, beta_times_c_ref=obj.beta_times_c)
     return obj.loss, dataclasses.replace(train, beta=obj.beta_schedule(train.beta.beta, max(steps, 1)))
 
@@ -272,12 +304,13 @@ def resolve_config(task: Task | str = DEFAULT_TASK,      # a task, or a register
     if base is not None:  # the shipped base's recipe, beneath whatever the caller changes (a change it was not trained for is refused when the run starts)
         shipped = check_pretrained(base)
         task, overrides = task_from_dict(shipped.key["task"]), {**pretrained_overrides(shipped.key), **(overrides or {})}
+    if {"train.tau", "train.beta.beta"} <= set(overrides or {}): raise ValueError("train.tau and train.beta.beta both set the KL weight; give only one")
     t = task if isinstance(task, Task) else make_task(task, regime, **task_fields)
     changes = {**recipe_overrides(t), **default_changes(t, overrides or {}), **(overrides or {})}
     if "base.model.d_model" in (overrides or {}) and "base.model.d_ff" not in (overrides or {}): changes["base.model.d_ff"] = 4 * changes["base.model.d_model"]
     if (overrides or {}).get("base.override_fraction") == 0: changes["base.input_overrides"] = {}
-    loss, train = objective_training(objective, changes.get("train.steps", TrainConfig().steps), alpha, gamma)
     custom = any(k.startswith("loss.lambda_") for k in changes)
+    loss, train = objective_training(objective, changes.get("train.steps", TrainConfig().steps), alpha, gamma, refuse_unused=not custom)
     cfg = dataclasses.replace(RunConfig(), task=t, loss=loss, objective="custom" if custom else objective, train=train)
     return apply_overrides(cfg, changes, names)
 
@@ -438,7 +471,9 @@ def load_trained_state(model: nn.Module,       # the CVAE, built as its run buil
     expected, own = set(trained_state(model)), set(model.state_dict())
     if not expected <= set(state) or not set(state) <= own:
         raise ValueError(f"{path} holds other trained weights than this configuration trains; delete it to start the run again, or rerun with --force")
-    model.load_state_dict(state, strict=False)
+    try: model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # the same names, other shapes: another K, another model size
+        raise ValueError(f"{path} holds weights of other shapes than this configuration trains ({str(e).splitlines()[-1].strip()}); delete it to start the run again, or rerun with --force") from None
 
 # %% ../nbs/09_runs.ipynb #a6afc69f
 @contextmanager
@@ -690,6 +725,16 @@ def prepare_reference_scale(run_dir: Path,      # where reference_scale.json is,
     return model_scale if config.c_source == "model" else data_scale
 
 # %% ../nbs/09_runs.ipynb #5cc75796
+def check_gate_record(gate: dict,  # a base_gate.json record
+                      path: Path,  # where it is, named in the error
+                     ) -> dict:    # the record
+    "Refuse (`ValueError` naming the file) a gate record whose verdict is not the one its own figures give (an edited or damaged file)."
+    try: fails = gate_failures(gate)
+    except (KeyError, TypeError): raise ValueError(f"{path} lacks the gate's figures; delete it to measure the gate again") from None
+    if gate.get("passes") is not (not fails): raise ValueError(f"{path} says the base {'passes' if gate.get('passes') else 'fails'} the gate, but its figures say it "
+                                                          f"{'fails' if fails else 'passes'}{(' (' + '; '.join(fails) + ')') if fails else ''}: the record was changed; delete it to measure the gate again")
+    return gate
+
 def prepare_gate(run_dir: Path,             # where base_gate.json is, or goes
                  base,                      # the base model
                  vocab,
@@ -699,7 +744,7 @@ def prepare_gate(run_dir: Path,             # where base_gate.json is, or goes
     "Load or measure the base's quality gate ([`base_gate`](06a_base.ipynb)), stored in `base_gate.json` and keyed like the base."
     path = RunDir(run_dir).gate
     if path.exists():
-        d = read_json(path)
+        d = check_gate_record(read_json(path), path)
         # a gate measured for this base under the same criteria and sample size (a change of criteria measures it again)
         if _same(d.get("base"), _base_key(config)) and d.get("samples_per_input") == GATE_SAMPLES_PER_INPUT and d.get("criteria") == GATE: return d
     cache = SurprisalCache(FrozenReference(base), vocab, held_out[:256], device=device)
@@ -708,6 +753,18 @@ def prepare_gate(run_dir: Path,             # where base_gate.json is, or goes
     return gate
 
 # %% ../nbs/09_runs.ipynb #afd03874
+_SURPRISAL_CACHES: dict = {}  # (base bytes, split, device, threads, subnormals) -> the training split's b_t: a process's later runs on one base reuse it
+
+def shared_surprisal(key: tuple,  # what the values depend on: the base's bytes, the split, and the numerics that compute them
+                     make,        # () -> SurprisalCache: computes them
+                     keep: int = 4,  # caches a process keeps (the most recent)
+                    ) -> SurprisalCache:
+    "The training split's $b_t$ computed once per process for each base, split and numerics: a sweep's worker trains many cells on one base, and each would compute the same values (a tenth of a sorting cell's time on one thread)."
+    if key not in _SURPRISAL_CACHES:
+        while len(_SURPRISAL_CACHES) >= keep: _SURPRISAL_CACHES.pop(next(iter(_SURPRISAL_CACHES)))
+        _SURPRISAL_CACHES[key] = make()
+    return _SURPRISAL_CACHES[key]
+
 class Run:
     "Everything a prepared run holds, whatever its backbone: configuration, vocabulary, splits, base, frozen reference, $\\widehat c_\\theta$, the CVAE, its rows and $b_t$ caches, and the process's place among `torchrun`'s."
     def __init__(self, dir: RunDir,                   # its directory
@@ -737,8 +794,11 @@ class Run:
 
     @cached_property
     def train_cache(self) -> SurprisalCache:
-        "$b_t$ of the training split, resident on the run's device (a step looks rows up without a copy)."
-        return SurprisalCache(self.reference, self.vocab, self.train, device=self.device).to(self.device)
+        "$b_t$ of the training split, resident on the run's device (a step looks rows up without a copy); computed once per process for each base and split (`shared_surprisal`)."
+        make = lambda: SurprisalCache(self.reference, self.vocab, self.train, device=self.device).to(self.device)
+        if not isinstance(self.config, RunConfig) or not self.dir.base.is_file(): return make()
+        split = json.dumps({"task": self.config.task.to_dict(), "n_train": self.config.n_train, "n_eval": self.config.n_eval, "seed": self.config.data_seed}, sort_keys=True)
+        return shared_surprisal((file_sha256(self.dir.base), split, str(self.device), torch.get_num_threads(), self.config.flush_subnormals), make)
     @cached_property
     def train_rows(self) -> EncodedExamples:
         "The training split encoded once on the run's device; a step selects its minibatch by index."
@@ -846,6 +906,7 @@ def check_run_dir(run_dir: Path,                     # the directory a run would
     if rd.scale.exists(): _check_scale_file(rd.scale)
     if rd.gate.exists() and not isinstance(read_json(rd.gate).get("passes"), bool):
         raise ValueError(f"{rd.gate} holds no gate verdict ('passes'); delete it to measure the gate again")
+    if rd.gate.exists(): check_gate_record(read_json(rd.gate), rd.gate)
     if rd.base.exists() and not isinstance(load_checkpoint(rd.base).get("model"), dict):
         raise ValueError(f"{rd.base} holds no model; delete it to train the base again")
     if not rd.checkpoint.exists(): return
@@ -920,22 +981,26 @@ def load_run(run_dir: Path,          # a run directory the package wrote, on any
             ) -> Run:
     "A run rebuilt from its directory alone, whatever its backbone; the CVAE holds the weights of `checkpoint.pt` (fresh from the base if there is none). A run directory is data: it names one of the package's own loaders, never code to run."
     rd = RunDir(run_dir)
-    if not rd.is_run(): raise ValueError(f"{rd.path} is not a run directory (no config.json)")
-    record = read_json(rd.config)
+    if not rd.config.is_file(): raise ValueError(f"{rd.path} is not a run directory (no config.json)")
+    record = read_json(rd.config)  # names a file that is not JSON (cut short by a copy, say)
+    if not _is_run_record(record): raise ValueError(f"{rd.config} is not a run record of this package (no configuration and environment)")
     if record.get("loader"):  # a run on another backbone names the loader that rebuilds it
         if record["loader"] not in LOADERS:
             raise ValueError(f"{rd.config} names the loader {record['loader']!r}, which is not one of the package's ({', '.join(LOADERS)}); nothing was run")
         module, _, name = record["loader"].partition(":")
         return getattr(importlib.import_module(module), name)(rd.path, device)
-    if ":" in (spec := record.get("task_class") or "") and record["config"]["task"].get("name") not in Task.registry:
+    if ":" in (spec := record.get("task_class") or "") and record["config"].get("task", {}).get("name") not in Task.registry:
         task_class(spec)  # a task of the user's own registers when its module is imported
-    config, device = RunConfig.from_dict(record["config"]), resolve_device(device)
+    try: config = RunConfig.from_dict(record["config"])
+    except (KeyError, TypeError, ValueError) as e: raise ValueError(f"{rd.config} holds no configuration this package can rebuild ({type(e).__name__}: {e})") from None
+    device = resolve_device(device)
     use_numerics(config)
     vocab = run_vocab(config)
     if (shipped := record.get("base", {}).get("shipped")) and rd.base.is_file(): verify_pretrained(check_pretrained(shipped), rd.path, files=("base.pt",))
     base = load_base(rd.path, vocab, config)
     if base is None: raise ValueError(f"{rd.base} is missing or was made for another configuration")
     if not rd.scale.exists(): raise ValueError(f"{rd.scale} is missing: the run stopped before estimating c_theta")
+    _check_scale_file(rd.scale)  # a resume checks it too: a NaN or negative estimate is named
     scale = read_reference_scale(rd.scale, config.c_source)
     train, held_out = make_splits(config.task, config.n_train, config.n_eval, seed=config.data_seed)
     base = base.to(device)

@@ -340,6 +340,10 @@ def fit(runs: list[Run],                        # prepared runs (`prepare_run`, 
             if bar is not None: bar.advance("cvae", step + 1, tc.steps, evaluated=evaluate_now)
             elif progress is True and s.writes and len(runs) == 1 and "loss" in record:
                 steps.set_postfix(loss=f"{record['loss']:.3f}", kl=f"{record['kl']:.3f}", theta=f"{record['theta']:.3f}")
+        for n, (_, state) in enumerate(watches):  # a run whose every step was skipped trained nothing: a failure, not a result
+            if n not in stopped and end > start and state["skipped"] == end - start:
+                stop(n, NonFiniteError(f"every one of its {end - start} steps was skipped (a non-finite loss or gradient each time); nothing trained, "
+                                       "the last good checkpoint is kept: lower --lr or the weights of the loss"))
     finally: logs.close()
     return _finals(runs, s, stopped, end)
 

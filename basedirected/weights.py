@@ -10,12 +10,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .conventions import autocast_disabled, check_batch, check_nonnegative, check_unit_interval, masked_mean
+from .conventions import autocast_disabled, check_at_most, check_batch, check_nonnegative, check_unit_interval, masked_mean
 from .surprisal import prepare_surprisal
 
 # %% auto #0
-__all__ = ['INVERSE_SURPRISAL_FLOOR', 'uniform_weights', 'ReferenceWeights', 'reference_weights', 'surprisal_share_weights',
-           'concentration_factor', 'corrected_weights', 'reconstruction_weights', 'inverse_surprisal_weights']
+__all__ = ['INVERSE_SURPRISAL_FLOOR', 'MAX_GAMMA', 'GAMMA_CEILING_WHY', 'uniform_weights', 'ReferenceWeights',
+           'reference_weights', 'surprisal_share_weights', 'concentration_factor', 'corrected_weights',
+           'reconstruction_weights', 'inverse_surprisal_weights']
 
 # %% ../nbs/02_weights.ipynb #c996c2d0
 def uniform_weights(mask: torch.Tensor,                 # 0/1 or bool over response tokens, (B, T)
@@ -91,6 +92,9 @@ def _mean_one(b: torch.Tensor,    # prepared surprisal, zero off the mask, (B, T
     return (lam * ratio + (1 - lam)) * u
 
 # %% ../nbs/02_weights.ipynb #a0c10b76
+MAX_GAMMA = 1000.0  # beyond it b^gamma already puts all the weight on a row's largest b_t (its limit); far beyond, gamma x log b overflows float32
+GAMMA_CEILING_WHY = "beyond it b^gamma puts all the weight on a row's largest b_t, its limit, and float32 overflows"
+
 def reference_weights(base_nll: torch.Tensor,  # b_{theta,t} from the frozen base model, (B, T)
                       mask: torch.Tensor,      # 0/1 or bool over response tokens, (B, T)
                       alpha: float = 0.5,      # alpha in [0, 1]: uniform (1) vs corrected (0) weights
@@ -100,7 +104,7 @@ def reference_weights(base_nll: torch.Tensor,  # b_{theta,t} from the frozen bas
                       mean_one_lambda: float = 0.5,  # lambda in [0, 1] of the mean-one policy
                      ) -> ReferenceWeights:    # every weight and statistic, no gradient, >= float32
     "All token weights of note 000 (and the inverse ablation of note 001, and two published policies) for one batch."
-    alpha, gamma = check_unit_interval(alpha, "alpha"), check_nonnegative(gamma, "gamma")
+    alpha, gamma = check_unit_interval(alpha, "alpha"), check_at_most(check_nonnegative(gamma, "gamma"), MAX_GAMMA, "gamma", GAMMA_CEILING_WHY)
     topk_fraction, mean_one_lambda = check_unit_interval(topk_fraction, "topk_fraction"), check_unit_interval(mean_one_lambda, "mean_one_lambda")
     if topk_fraction == 0: raise ValueError("topk_fraction must be > 0")
     inverse_floor = check_nonnegative(inverse_floor, "inverse_floor")

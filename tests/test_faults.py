@@ -3,6 +3,7 @@ and the errors a user meets on a bad day (each a one-line exit-2 message that na
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from basedirected.distributions import categorical_kl, gaussian_kl
 from basedirected.model import collate
 from basedirected.objective import ReconstructionLossConfig, objective
 from basedirected.reconstruction import aggregate
-from basedirected.runs import RunDir, read_log
+from basedirected.runs import RunDir, load_run, prepare_run, read_log, resolve_config
 from basedirected.tasks import Vocab
 from basedirected.cli import build_parser, config_from_args, train_main
 from basedirected.train import NonFiniteError, run
@@ -597,6 +598,15 @@ def test_ctrl_c_is_one_line_and_the_rerun_resumes(tmp_path):
     assert (d / "config.json").exists()  # what was written stays
 
 
+def test_two_ctrl_c_in_quick_succession_are_still_one_line(tmp_path):
+    d = tmp_path / "run"
+    first = _start(d)
+    _wait_until(lambda: (d / "config.json").exists(), first)
+    first.send_signal(signal.SIGINT); time.sleep(0.05); first.send_signal(signal.SIGINT)
+    _, err = first.communicate(timeout=60)
+    assert first.returncode == 130 and "Traceback" not in err and err.strip().splitlines()[-1].startswith("basedirected-train: interrupted; run the same command again"), err
+
+
 # --- a user's task, checked before anything is written ------------------------------------------------------------------------
 
 USER_TASKS = '''
@@ -812,3 +822,181 @@ def test_ctrl_c_in_a_sweep_is_one_line(tmp_path):
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and "Traceback" not in err, err
     assert err.strip().splitlines()[-1].startswith("basedirected-repro: interrupted; finished cells are kept")
+
+
+# --- reliability round 5: a run directory is data, every overflow refused up front, errors in one line -------------------
+
+T5 = ["--n-train", "600", "--n-eval", "32", "--base-steps", "30", "--d-model", "16", "--n-layers", "1", "--c-samples", "16", "--batch-size", "8",
+      "--steps", "5", "--quiet", "--device", "cpu", "--allow-failed-base", "--no-metrics"]
+
+
+def _cli_t5(tmp_path, capsys, *extra):
+    "Exit status and stderr lines of `basedirected-train` on a tiny sorting run; the run directory's files afterwards."
+    d = tmp_path / "run"
+    try: code = train_main(["--run-dir", str(d), *T5, *extra])
+    except SystemExit as e: code = e.code
+    return code, capsys.readouterr().err.strip().splitlines(), sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+
+
+def test_load_run_runs_no_function_a_run_directory_names(tmp_path):
+    "A config.json naming 'shutil:rmtree' as its loader deletes nothing: only the package's loaders run."
+    rd = tmp_path / "run"
+    prepare_run(rd, tiny(), device="cpu")
+    record = json.loads((rd / "config.json").read_text()); record["loader"] = "shutil:rmtree"
+    (rd / "config.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="names the loader 'shutil:rmtree', which is not one of the package's"): load_run(rd)
+    assert (rd / "base.pt").is_file()
+
+
+@pytest.mark.parametrize("extra, named", [(["--code-init-noise", "1e30"], "--code-init-noise must be <= 1000"), (["--coupling", "1e308"], "--coupling must be <= 1e+06"),
+                                          (["--lambda-dist", "1e308"], "--lambda-dist must be <= 1e+06"), (["--lambda-tok", "1e308"], "--lambda-tok must be <= 1e+06"),
+                                          (["--lambda-dist", "1e39", "--beta", "0.1"], "--lambda-dist must be <= 1e+06"), (["--lr", "1e30"], "--lr must be <= 10"),
+                                          (["--lambda-dist", "1e30"], "--lambda-dist must be <= 1e+06"), (["--gamma", "1e39"], "--gamma must be <= 1000")])
+def test_a_value_from_which_the_loss_cannot_be_finite_is_refused_up_front_by_name(tmp_path, capsys, extra, named):
+    code, err, files = _cli_t5(tmp_path, capsys, *extra)
+    assert code == 2 and len(err) == 1 and named in err[0] and files == [], (err, files)
+
+
+def test_a_run_whose_every_step_is_skipped_fails(tmp_path, monkeypatch, capsys):
+    _poison(monkeypatch, range(100))  # every step's token losses non-finite
+    code = cli(tmp_path / "run", "--steps", "5", "--max-nonfinite-steps", "10", capsys=capsys)
+    assert code[0] == 2 and "every one of its 5 steps was skipped" in code[1] and not (tmp_path / "run" / "eval.json").exists()
+
+
+@pytest.mark.parametrize("extra, named", [(["--code-init-noise", "0.5", "--latent", "continuous"], "a continuous --latent has none"),
+                                          (["--coupling", "1", "--beta", "0"], "with a KL weight of 0 the term does nothing"),
+                                          (["--coupling-reader", "bag"], "--coupling-reader is the coupling term's classifier"),
+                                          (["--objective", "celbo", "--alpha", "0.2"], "--alpha 0.2 has no effect on objective celbo")])
+def test_an_option_that_would_do_nothing_is_refused(tmp_path, capsys, extra, named):
+    code, err, files = _cli_t5(tmp_path, capsys, *extra)
+    assert code == 2 and len(err) == 1 and named in err[0] and files == [], (err, files)
+
+
+def test_under_torchrun_a_batch_that_does_not_split_is_refused_before_any_rank_writes(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3"); monkeypatch.setenv("RANK", "0")
+    code, err, files = _cli_t5(tmp_path, capsys)
+    assert code == 2 and "--batch-size 8: batch size 8 must be divisible by the 3 processes" in err[-1] and files == []
+
+
+@pytest.mark.parametrize("overrides, named", [({"train.steps": 1.5}, "train.steps must be an integer"), ({"train.steps": True}, "train.steps must be an integer"),
+                                              ({"cvae.K": 3.5}, "cvae.K must be an integer"), ({"train.batch_size": 8.0}, "train.batch_size must be an integer"),
+                                              ({"train.grad_accum": 2.0}, "train.grad_accum must be an integer"), ({"train.lr": "0.1"}, "train.lr must be a number"),
+                                              ({"train..steps": 3}, "train.(empty): TrainConfig has no field ''"), ({"train.beta": 0.1}, "train.beta is a group of fields"),
+                                              ({"train.tau": 0.1, "train.beta.beta": 0.2}, "both set the KL weight"), ({"trian.steps": 3}, "has no field 'trian'")])
+def test_the_api_refuses_a_value_of_the_wrong_type_or_path_by_name(overrides, named):
+    with pytest.raises(ValueError, match=re.escape(named)): resolve_config("sorting", overrides=overrides)
+
+
+def test_the_api_names_an_unknown_objective_and_an_alpha_it_ignores():
+    with pytest.raises(ValueError, match="objective must be one of .*, got 'bogus'"): resolve_config("sorting", "bogus")
+    with pytest.raises(ValueError, match="alpha 0.2 has no effect on objective celbo"): resolve_config("sorting", "celbo", alpha=0.2)
+
+
+def test_load_run_checks_what_a_resume_checks(tmp_path):
+    rd = tmp_path / "run"
+    prepare_run(rd, tiny(), device="cpu")
+    scale = json.loads((rd / "reference_scale.json").read_text())
+    for bad in (float("nan"), -1.0):
+        damaged = {**scale, "model": {**scale["model"], "value": bad}}
+        (rd / "reference_scale.json").write_text(json.dumps(damaged).replace("NaN", "NaN"))
+        with pytest.raises(ValueError, match="reference_scale.json: the model estimate of c_theta is .* not a positive number"): load_run(rd)
+    (rd / "reference_scale.json").write_text(json.dumps(scale))
+    good = (rd / "config.json").read_text()
+    (rd / "config.json").write_text(good[: len(good) // 2])
+    with pytest.raises(ValueError, match="config.json is not valid JSON"): load_run(rd)
+    record = json.loads(good); del record["config"]["train"]
+    (rd / "config.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="holds no configuration this package can rebuild"): load_run(rd)
+
+
+def test_load_run_names_a_checkpoint_of_other_shapes(tmp_path):
+    rd = tmp_path / "run"
+    run(rd, tiny(), device="cpu", stop_after=4)
+    record = json.loads((rd / "config.json").read_text()); record["config"]["cvae"]["K"] = 4
+    (rd / "config.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="checkpoint.pt holds (other trained weights|weights of other shapes) than this configuration trains"): load_run(rd)
+
+
+def test_a_gate_record_edited_to_pass_is_refused(tmp_path, capsys):
+    from basedirected.base import gate_failures
+    d = tmp_path / "run"
+    assert train_main(["--run-dir", str(d), *TINY]) == 0
+    gate = json.loads((d / "base_gate.json").read_text()); assert gate_failures(gate)  # the tiny base fails its gate
+    gate["passes"] = True; (d / "base_gate.json").write_text(json.dumps(gate))
+    code, message = cli(d, "--steps", "9", "--force", capsys=capsys)
+    assert code == 0  # --force measures it again
+    gate["passes"] = True; (d / "base_gate.json").write_text(json.dumps(gate))
+    code, message = cli(d, "--steps", "9", capsys=capsys)
+    assert code == 2 and "base_gate.json says the base passes the gate, but its figures say it fails" in message
+
+
+def test_placing_packs_refuses_what_it_cannot_place():
+    from basedirected.experiments import DevicePlacer, pack_memory_gib, run_placed
+    with pytest.raises(ValueError, match="jobs must be an integer >= 1"): list(run_placed([1.0], DevicePlacer([8.0]), None, 0))
+    for bad in (float("nan"), -1.0, float("inf")):
+        with pytest.raises(ValueError, match="positive, finite memory estimate"): list(run_placed([bad], DevicePlacer([8.0]), None, 1))
+    with pytest.raises(ValueError, match="a pack holds at least one run"): pack_memory_gib([])
+
+
+def test_a_group_names_why_a_run_trains_alone():
+    from basedirected.groups import RunGroup
+    import dataclasses as dc
+    from basedirected.cvae import CVAEConfig
+    class FakeRun:  # what RunGroup reads before anything else: the configuration
+        def __init__(self, config): self.config, self.device = config, torch.device("cpu")
+    for cvae, why in ((CVAEConfig(K=3, coupling=1.0), "the coupling term is not stacked"), (CVAEConfig(K=3, router="marginal"), "a marginal router r(z) is not stacked")):
+        with pytest.raises(ValueError, match=re.escape(why)): RunGroup([FakeRun(dc.replace(tiny(), cvae=cvae))])
+
+
+def test_strategy_information_refuses_float_strategies():
+    from basedirected.metrics import strategy_information
+    with pytest.raises(ValueError, match="strategies must be integer labels"): strategy_information(torch.full((4, 3), 1 / 3), torch.tensor([0.0, 1.0, 2.0, 0.0]))
+
+
+def test_a_users_ctrl_c_while_the_command_loads_is_one_line(tmp_path):
+    (tmp_path / "slow_import.py").write_text("raise KeyboardInterrupt\n")
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from basedirected.launch import command; command('basedirected-x', 'slow_import:main')()"
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 130 and p.stderr.strip() == "basedirected-x: interrupted while loading"
+
+
+def _repro(argv, capsys):
+    from basedirected.repro import repro_main
+    try: code = repro_main(argv)
+    except SystemExit as e: code = e.code
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_repro_refuses_a_pattern_that_overflows_and_an_earlier_collection_it_cannot_read(tmp_path, capsys):
+    code, err = _repro(["--preset", "smoke", "--out", str(tmp_path / "o"), "--only", "a{99999999999}"], capsys)
+    assert code == 2 and len(err) == 1 and "--only 'a{99999999999}' is not a regular expression this package can use" in err[0]
+    earlier = tmp_path / "earlier"; earlier.mkdir()
+    (earlier / "results.csv").write_text("key,rate\nx,1\n")
+    code, err = _repro(["--preset", "smoke", "--out", str(tmp_path / "o"), "--earlier", str(earlier)], capsys)
+    assert code == 2 and len(err) == 1 and "no base_gates.json there" in err[0]
+    (earlier / "base_gates.json").write_text("{}"); (earlier / "results.csv").write_text("rate\n1\n")
+    code, err = _repro(["--preset", "smoke", "--out", str(tmp_path / "o"), "--earlier", str(earlier)], capsys)
+    assert code == 2 and len(err) == 1 and "results.csv has no 'key' column" in err[0]
+    (earlier / "results.csv").write_bytes(b"key\n\xff\xfe\n")
+    code, err = _repro(["--preset", "smoke", "--out", str(tmp_path / "o"), "--earlier", str(earlier)], capsys)
+    assert code == 2 and len(err) == 1 and "results.csv is not UTF-8 text" in err[0]
+    assert not (tmp_path / "o" / "runs").exists()  # refused before any cell trained
+
+
+def test_repro_collect_on_a_full_disk_is_one_line(smoke_dir, tmp_path, capsys, monkeypatch):
+    import shutil
+    import basedirected.reports as reports
+    out = tmp_path / "sweep"; shutil.copytree(smoke_dir, out)
+    def full(path, data): raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    monkeypatch.setattr(reports, "atomic_write_bytes", full)
+    code, err = _repro(["--collect", "--out", str(out), "--quiet"], capsys)
+    assert code == 2 and len(err) == 1 and "No space left on device; the finished cells are kept" in err[0]
+
+
+def test_bases_with_a_gate_record_edited_to_pass_are_refused(smoke_dir, tmp_path, capsys):
+    import shutil
+    bases = tmp_path / "bases"; shutil.copytree(smoke_dir / "bases", bases)
+    gate_file = next(bases.glob("*/base_gate.json"))
+    gate = json.loads(gate_file.read_text()); gate["passes"] = not gate["passes"]; gate_file.write_text(json.dumps(gate))
+    code, err = _repro(["--preset", "smoke", "--out", str(tmp_path / "o"), "--bases", str(bases), "--quiet"], capsys)
+    assert code == 2 and len(err) == 1 and "the record was changed" in err[0] and str(gate_file) in err[0]

@@ -156,7 +156,7 @@ def test_cli_refuses_bad_input(data, tmp_path, capsys):
     d, _, _ = data
     (tmp_path / "bad.jsonl").write_text(json.dumps({"prompt": "1", "response": "2"}) + "\n{\n")
     for argv, message in ((_args(d, tmp_path / "r1")[:1] + [str(tmp_path / "nowhere")] + _args(d, tmp_path / "r1")[2:], "not a directory"),
-                          (["--data", str(tmp_path / "bad.jsonl")], "line 2"), (["--K", "0"], "K must be >= 1"), (["--batch-size", "100"], "fewer than the batch size")):
+                          (["--data", str(tmp_path / "bad.jsonl")], "line 2"), (["--K", "0"], "K must be an integer >= 1"), (["--batch-size", "100"], "fewer than the batch size")):
         if argv[0] != "--backbone": argv = _args(d, tmp_path / "r2") + argv
         with pytest.raises(SystemExit) as e: hf_train_main(argv)
         assert e.value.code == 2
@@ -451,3 +451,37 @@ def test_two_processes_with_grad_accum_follow_the_one_process_whole_batch_trajec
     assert p.returncode == 0, p.stderr[-3000:]
     # each process steps its 4 examples in 2 micro-batches and DDP reduces once: the one-process whole-batch trajectory
     torch.testing.assert_close(torch.tensor(_train_losses(tmp_path / "two")), torch.tensor(_train_losses(tmp_path / "one")), rtol=1e-5, atol=1e-6)
+
+
+def test_export_writes_beside_out_and_refuses_in_one_line_what_it_cannot_write(data, tmp_path, capsys):
+    "OUT below a file, OUT '', a run that has not finished, a full disk: one line each, and no half export left behind."
+    import subprocess
+    d, _, _ = data
+    assert hf_train_main(_args(d, tmp_path / "run", "--posterior", "exact", "--steps", "2", "--no-metrics")) == 0
+    capsys.readouterr()
+    def refused(out, message, run=tmp_path / "run"):
+        with pytest.raises(SystemExit) as e: export_main([str(run), str(out)])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(lines) == 1 and message in lines[0], lines
+    (tmp_path / "file").write_text("x")
+    refused(tmp_path / "file" / "out", "is not a directory")
+    refused("", "OUT must name a directory")
+    shutil.copytree(tmp_path / "run", tmp_path / "live"); (tmp_path / "live" / "eval.json").unlink()  # a run still training has no eval.json
+    refused(tmp_path / "out", "has not finished (no eval.json)", run=tmp_path / "live")
+    small = tmp_path / "small"; small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(small)], capture_output=True).returncode: pytest.skip("cannot mount a small file system here")
+    try:
+        refused(small / "out", "No space left on device; nothing was exported")
+        assert list(small.iterdir()) == []  # no partial export, and no temporary left
+    finally: subprocess.run(["umount", str(small)])
+
+
+def test_a_lora_run_leaks_no_library_warning(data, tmp_path):
+    "peft's warnings on GPT-2's Conv1D and transformers' deprecated name are known and harmless: a run shows neither."
+    import warnings
+    d, _, _ = data
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert hf_train_main(_args(d, tmp_path / "run", "--adapt", "lora", "--steps", "2", "--no-metrics")) == 0
+    leaked = [str(w.message) for w in seen if "peft" in w.filename or "transformers" in w.filename]
+    assert not leaked, leaked
