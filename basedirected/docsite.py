@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from html.parser import HTMLParser
 from pathlib import Path
@@ -24,7 +25,7 @@ LOCAL_MATHJAX = "mathjax/tex-chtml-full.js"
 # %% auto #0
 __all__ = ['MATHJAX_VERSION', 'CDN_MATHJAX', 'LOCAL_MATHJAX', 'MATHJAX_CONFIG', 'page_order', 'page_title', 'execute_notebook',
            'executed', 'process_notebook', 'mathjax_block', 'notebook_html', 'page_sections', 'search_index',
-           'write_search_assets', 'local_mathjax', 'build_docs', 'docs_main']
+           'write_search_assets', 'local_mathjax', 'pages_to_execute', 'build_docs', 'docs_main']
 
 # %% ../nbs/14_docs.ipynb #fec1a348
 def page_order(nbs: Path,          # the notebooks' folder
@@ -306,11 +307,24 @@ def local_mathjax(root: Path,  # the repository's root (home of node_modules and
     if not _is_mathjax3(npm_dir / "node_modules" / "mathjax"): raise RuntimeError(f"npm installed no MathJax 3 into {npm_dir}")
     return npm_dir / "node_modules" / "mathjax" / "es5"
 
+# %% ../nbs/14_docs.ipynb #1c916dff
+def pages_to_execute(pages: list[Path],               # the site's notebooks, in reading order
+                     execute: bool | Iterable[str],   # True: every one; False: none (their stored outputs); else the stems of those to run
+                    ) -> list[Path]:                  # the notebooks the build executes, in reading order
+    "The notebooks a build executes; a name that is no page of the site is refused by name."
+    if isinstance(execute, bool): return list(pages) if execute else []
+    wanted = [execute] if isinstance(execute, str) else list(execute)
+    stems = [p.stem for p in pages]
+    if unknown := [s for s in wanted if s not in stems]:
+        raise ValueError(f"no page of the site is named {', '.join(map(repr, unknown))}; its pages are {', '.join(stems)}")
+    return [p for p in pages if p.stem in wanted]
+
+
 # %% ../nbs/14_docs.ipynb #3e884805
 def build_docs(nbs: Path = Path("nbs"),    # the notebooks' folder
                out: Path = Path("docs"),   # the site's folder
                mathjax: str = "local",     # 'local' (a copy in OUT/mathjax, viewable offline) or 'cdn'
-               execute: bool = True,       # execute the notebooks (cached); False: their stored outputs
+               execute: bool | Iterable[str] = True,  # execute the notebooks (cached); False: their stored outputs; or the names of those to execute
                jobs: int = 2,              # notebooks executed in parallel
                cache: Path | None = None,  # executed notebooks' folder (None: _proc/docs-cache in the folder above nbs)
                skip: tuple[str, ...] = (), # nbdev flags whose cells are shown unexecuted (the docs test skips 'slow': nbdev_test runs them)
@@ -321,7 +335,9 @@ def build_docs(nbs: Path = Path("nbs"),    # the notebooks' folder
     root = nbs.parent
     cache = Path(cache) if cache else root / "_proc" / "docs-cache"
     pages = page_order(nbs)
-    sources = executed(pages, root / "basedirected", cache, jobs, tuple(skip)) if execute else {p: p for p in pages}
+    run = pages_to_execute(pages, execute)
+    done = executed(run, root / "basedirected", cache, jobs, tuple(skip)) if run else {}
+    sources = {p: done.get(p, p) for p in pages}  # the others show the outputs stored in them
     out.mkdir(parents=True, exist_ok=True)
     mj = out / "mathjax"
     if mathjax == "local" and not (mj / "tex-chtml-full.js").exists():
@@ -348,15 +364,17 @@ def docs_main(argv: list[str] | None = None,  # command-line arguments (None: th
     p.add_argument("--out", default="docs", help="the site's folder, written anew (default: docs)")
     p.add_argument("--mathjax", choices=("local", "cdn"), default="local", help="local copy (offline viewing) or the public CDN (publishing)")
     p.add_argument("--no-execute", action="store_true", help="use the outputs stored in the notebooks instead of executing them")
+    p.add_argument("--only", default="", help="comma-separated notebooks to execute, e.g. 02_weights,03_reconstruction (the others show their stored outputs)")
     p.add_argument("--jobs", type=int, default=2, help="notebooks executed in parallel")
     p.add_argument("--skip", default="", help="comma-separated nbdev flags whose cells are shown unexecuted, e.g. slow (default: execute every cell)")
     a = p.parse_args(argv)
+    if a.no_execute and a.only: p.error("--only names notebooks to execute and --no-execute executes none: give one of them")
     import importlib.util, sys
     def installed(m):
         try: return importlib.util.find_spec(m) is not None
         except ValueError: return sys.modules.get(m) is not None  # a module set to None in sys.modules is one that cannot be imported
     if missing := [m for m in ("nbdev", "execnb", "nbformat", "nbclient", "nbconvert") if not installed(m)]:
         p.exit(2, f"{p.prog}: error: the documentation build needs {', '.join(missing)}, which the development extra installs: pip install -e '.[dev]'\n")
-    pages = build_docs(Path(a.nbs), Path(a.out), a.mathjax, not a.no_execute, a.jobs, skip=tuple(f for f in a.skip.split(",") if f))
+    pages = build_docs(Path(a.nbs), Path(a.out), a.mathjax, [s for s in a.only.split(",") if s] or not a.no_execute, a.jobs, skip=tuple(f for f in a.skip.split(",") if f))
     print(f"{len(pages)} pages written to {a.out}/ (open {a.out}/index.html)")
     return 0

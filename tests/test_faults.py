@@ -88,19 +88,26 @@ def _run_killed_at(run_dir, args, wait_for, timeout=180):
     return (run_dir / wait_for).exists()
 
 
-PHASES = ["--task", "visiting_order", "--posterior", "exact", "--n-train", "600", "--n-eval", "32", "--c-samples", "400", "--base-steps", "600", "--d-model", "16",
+PHASES = ["--task", "visiting_order", "--posterior", "exact", "--n-train", "600", "--n-eval", "32", "--c-samples", "400", "--base-steps", "400", "--d-model", "16",
           "--n-layers", "1", "--n-heads", "2", "--d-ff", "32", "--K", "3", "--steps", "20", "--batch-size", "8", "--eval-every", "10", "--checkpoint-every", "5",
           "--n-routed", "64", "--n-forced", "32", "--quiet", "--allow-failed-base", "--threads", "1"]
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    "The run of PHASES that nothing interrupts, which every killed run must end equal to."
+    d = tmp_path_factory.mktemp("phases") / "straight"
+    assert train_main(["--run-dir", str(d), *PHASES]) == 0
+    return d
+
+
 @pytest.mark.parametrize("phase, wait_for", [("base pre-training", "base_checkpoint.pt"), ("c_theta and the gate", "base.pt"),
                                              ("the metrics", "eval.json")])
-def test_kill_9_in_every_phase_then_the_same_command_gives_the_uninterrupted_files(tmp_path, phase, wait_for):
+def test_kill_9_in_every_phase_then_the_same_command_gives_the_uninterrupted_files(tmp_path, uninterrupted, phase, wait_for):
     "A base trained here checkpoints its pre-training: a kill at any point loses at most the steps since the last state, and the rerun's files are the uninterrupted run's."
     assert _run_killed_at(tmp_path / "killed", PHASES, wait_for), f"the run never reached {phase}"
     assert train_main(["--run-dir", str(tmp_path / "killed"), *PHASES]) == 0
-    assert train_main(["--run-dir", str(tmp_path / "straight"), *PHASES]) == 0
-    a, b = tmp_path / "killed", tmp_path / "straight"
+    a, b = tmp_path / "killed", uninterrupted
     for f in ("base.pt", "checkpoint.pt"):
         x, y = torch.load(a / f, weights_only=True)["model"], torch.load(b / f, weights_only=True)["model"]
         assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), f
