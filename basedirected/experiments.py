@@ -27,11 +27,9 @@ from .base import FrozenReference, gate_failures
 from .model import ModelConfig
 from .objective import OBJECTIVE_NAMES, objectives
 from .pretrained import BASE_FILES
-from .runs import (RunConfig, RunDir, atomic_write_bytes, atomic_write_json, base_source, check_writable, environment_record, exclusive_run_dir,
-                               check_gate_record, file_lock, load_base, load_checkpoint, prepare_base, use_numerics,
-                               prepare_gate, prepare_reference_scale, prepare_run, read_json, remove_temporaries, resolve_config, resolve_device, run_vocab, write_command)
+from .runs import RunDir, atomic_write_bytes, atomic_write_json, base_source, check_writable, environment_record, exclusive_run_dir, check_gate_record, file_lock, load_base, load_checkpoint, prepare_base, use_numerics, prepare_gate, prepare_reference_scale, prepare_run, read_json, remove_temporaries, resolve_device, run_vocab, write_command
+from .config import RunConfig, command_argv, resolve_config
 from .tasks import Task, make_splits
-from .cli import command_argv
 from .train import BaseGateError, complete, train_run
 from .groups import pack_groups, train_group
 

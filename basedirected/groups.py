@@ -23,7 +23,8 @@ from .cvae import exact_posterior
 from .model import Batch, Block, Rows, causal_attention
 from .objective import loss_reference_weights, loss_token_weights, term_token_weights
 from .reconstruction import TERM_NAMES
-from .runs import Run, RunConfig
+from .runs import Run
+from .config import RunConfig
 from .tasks import epoch_permutation
 from .train import NonFiniteError, fit
 

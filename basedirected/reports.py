@@ -20,7 +20,8 @@ from .comparisons import across_base_interval, sign_flip_pvalue, variance_compon
 from .experiments import SweepDir
 from .reconstruction import TERM_NAMES
 from .pretrained import shipped_name
-from .runs import TrainConfig, RunDir, atomic_write_bytes, atomic_write_json, environment_record, load_run, read_json, read_log
+from .runs import RunDir, atomic_write_bytes, atomic_write_json, environment_record, load_run, read_json, read_log
+from .config import TrainConfig
 from .weights import reference_weights
 
 # %% auto #0

@@ -13,7 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from .cli import OneLineParser, add_dataclass_options, dataclass_from_args
+from .config import OneLineParser, add_dataclass_options, dataclass_from_args
 from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, earlier_collection, preset_from_record, read_records, submit_sweep
 from .experiments import PRESETS, SweepDir, earlier_cells, execute, finished, plan, seed_bases
 from .reports import answer_text, compare_collections, comparison_text, write_reports

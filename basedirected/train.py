@@ -27,8 +27,8 @@ from .objective import loss_reference_weights
 from .model import TinyCausalLM, layout_tokens
 from .base import GATE_SAMPLES_PER_INPUT, response_budget
 from .pretrained import file_sha256
-from .runs import (Run, RunConfig, RunDir, TrainConfig, atomic_torch_save, atomic_write_json, barrier, base_source, exclusive_run_dir, gather_floats,
-                               load_checkpoint, load_trained_state, prepare_run, read_json, read_log, run_vocab, shard_indices, trained_state, truncate_log, use_numerics)
+from .runs import Run, RunDir, atomic_torch_save, atomic_write_json, barrier, base_source, exclusive_run_dir, gather_floats, load_checkpoint, load_trained_state, prepare_run, read_json, read_log, run_vocab, shard_indices, trained_state, truncate_log, use_numerics
+from .config import RunConfig, TrainConfig
 from .tasks import batch_indices, break_even_beta
 
 # %% auto #0

@@ -22,7 +22,7 @@ from basedirected.base import (FrozenReference, SurprisalCache, base_gate, base_
 from basedirected.runs import run_vocab
 from basedirected.model import collate, response_nll
 from basedirected.tasks import Example, make_splits
-from basedirected.cli import build_parser, config_from_args
+from basedirected.config import build_parser, config_from_args
 
 GRAMMARS = ("rc", "cell", "cell+distance")
 

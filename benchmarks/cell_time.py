@@ -59,7 +59,8 @@ print(json.dumps(out))
 STEPS = r'''
 import sys, time, tempfile
 from pathlib import Path
-from basedirected.runs import resolve_config, prepare_run
+from basedirected.runs import prepare_run
+from basedirected.config import resolve_config
 from basedirected.train import OneRun
 r = prepare_run(Path(tempfile.mkdtemp()) / "run", resolve_config(overrides={"threads": 2}), device="cpu"); r.train_cache; r.train_rows
 s = OneRun([r]); n = int(sys.argv[1])

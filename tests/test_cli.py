@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from basedirected.cli import build_parser, option_help, OPTIONS, train_main
+from basedirected.cli import train_main
+from basedirected.config import build_parser, option_help, OPTIONS
 from basedirected.cluster import ClusterConfig, preset_from_record
 from basedirected.experiments import PRESETS, plan
 from basedirected.repro import repro_main
-from basedirected.runs import RunConfig, RunDir, read_json
+from basedirected.runs import RunDir, read_json
+from basedirected.config import RunConfig
 from basedirected.tasks import task_class
 
 TINY = ["--task", "visiting_order", "--posterior", "amortized", "--n-train", "600", "--n-eval", "32", "--c-samples", "64", "--base-steps", "40", "--d-model", "32", "--n-layers", "1",
@@ -85,7 +87,7 @@ def test_every_options_help_renders():
 
 
 def test_tie_fraction_applies_to_the_tasks_that_have_ties_only(tmp_path, capsys):
-    from basedirected.cli import config_from_args
+    from basedirected.config import config_from_args
     p = build_parser()
     assert config_from_args(p.parse_args(["--task", "sorting", "--tie-fraction", "0.5"])).task.tie_fraction == 0.5  # sorting's own ties
     assert config_from_args(p.parse_args(["--tie-fraction", "0.5"])).task.tie_fraction == 0.5  # visiting_order's palindromes
@@ -236,7 +238,7 @@ def test_a_run_of_every_task_loads_in_a_fresh_process(tmp_path, monkeypatch, cap
 
 @pytest.mark.parametrize("value, message", [("-1", "--code-init-noise must be finite and >= 0, got -1.0"), ("inf", "got inf"), ("nan", "got nan")])
 def test_the_code_initialization_scale_is_an_option_that_refuses_bad_values(tmp_path, capsys, value, message):
-    from basedirected.cli import config_from_args
+    from basedirected.config import config_from_args
     assert config_from_args(build_parser().parse_args(["--code-init-noise", "0.3"])).cvae.code_init_noise == 0.3
     code, err = train("--run-dir", str(tmp_path / "run"), "--code-init-noise", value, capsys=capsys)
     assert code == 2 and len(err) == 1 and message in err[0], err
@@ -246,9 +248,9 @@ def test_the_code_initialization_scale_is_an_option_that_refuses_bad_values(tmp_
 def test_the_api_and_the_command_line_resolve_the_same_configuration():
     "resolve_config (the API) and basedirected-train's options build one RunConfig for every task and objective, with and without changes."
     from basedirected.objective import OBJECTIVE_NAMES
-    from basedirected.runs import resolve_config
+    from basedirected.config import resolve_config
     from basedirected.tasks import Task
-    from basedirected.cli import build_parser, config_from_args
+    from basedirected.config import build_parser, config_from_args
     parse = lambda argv: config_from_args(build_parser().parse_args(argv))
     for task in Task.registry:
         for objective in OBJECTIVE_NAMES:

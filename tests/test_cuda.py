@@ -13,7 +13,7 @@ import torch
 
 from basedirected.metrics import evaluate_model
 from basedirected.runs import load_run, prepare_run, read_log
-from basedirected.cli import build_parser, config_from_args
+from basedirected.config import build_parser, config_from_args
 from basedirected.train import run, train_step
 
 pytestmark = [pytest.mark.cuda,

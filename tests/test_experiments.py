@@ -15,7 +15,8 @@ from basedirected.objective import objectives
 from basedirected.reports import aggregate, markdown_table, write_figures
 from basedirected.repro import repro_main
 from basedirected.runs import RunDir, load_run, read_log
-from basedirected.cli import build_parser, config_from_args, train_main
+from basedirected.cli import train_main
+from basedirected.config import build_parser, config_from_args
 
 
 def test_main_job_writes_tables_figures_and_per_run_files(smoke_dir):

@@ -16,9 +16,11 @@ from basedirected.distributions import categorical_kl, gaussian_kl
 from basedirected.model import collate
 from basedirected.objective import ReconstructionLossConfig, objective
 from basedirected.reconstruction import aggregate
-from basedirected.runs import RunDir, load_run, prepare_run, read_log, resolve_config
+from basedirected.runs import RunDir, load_run, prepare_run, read_log
+from basedirected.config import resolve_config
 from basedirected.tasks import Vocab
-from basedirected.cli import build_parser, config_from_args, train_main
+from basedirected.cli import train_main
+from basedirected.config import build_parser, config_from_args
 from basedirected.train import NonFiniteError, run
 from basedirected.visiting_order import VisitingOrder
 from basedirected.weights import concentration_factor, reconstruction_weights

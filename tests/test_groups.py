@@ -12,8 +12,9 @@ from torch.func import vmap
 
 from basedirected.groups import GroupAdamW, RunGroup, folded_attention, group_key, pack_groups, train_group
 from basedirected.model import causal_attention
-from basedirected.runs import RunConfig, prepare_run, read_log
-from basedirected.cli import build_parser, config_from_args
+from basedirected.runs import prepare_run, read_log
+from basedirected.config import RunConfig
+from basedirected.config import build_parser, config_from_args
 from basedirected.train import NonFiniteError, train_run
 
 

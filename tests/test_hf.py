@@ -11,11 +11,13 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from basedirected.cli import build_parser, hf_config_from_args, hf_train_main, train_main
+from basedirected.cli import hf_train_main, train_main
+from basedirected.config import build_parser, hf_config_from_args
 from basedirected.cli import export_main
 from basedirected.hf import (EncodedPairs, HFReference, build_hf_cvae, encode_examples, export_run, hf_run, load_backbone, pairs_to_examples, prepare_hf_run,
                              read_pairs, save_tiny_backbone)
-from basedirected.runs import AdaptConfig, load_run
+from basedirected.runs import load_run
+from basedirected.config import AdaptConfig
 from basedirected.train import train_run
 from basedirected.cvae import CVAEConfig
 from basedirected.model import collate, layout_tokens, response_nll
@@ -428,7 +430,7 @@ def test_grad_accum_on_a_backbone_follows_the_whole_batch_trajectory(data, tmp_p
 
 def test_hf_train_help_lists_only_the_options_of_a_backbone(capsys):
     import re
-    from basedirected.cli import OPTIONS
+    from basedirected.config import OPTIONS
     with pytest.raises(SystemExit) as e: hf_train_main(["--help"])
     text = capsys.readouterr().out
     assert e.value.code == 0

@@ -10,7 +10,7 @@ from basedirected.distributions import categorical_kl
 from basedirected.metrics import alignment_one_to_one, break_even_beta
 from basedirected.objective import ReconstructionLossConfig
 from basedirected.runs import load_run, read_log
-from basedirected.cli import build_parser, config_from_args
+from basedirected.config import build_parser, config_from_args
 from basedirected.train import run
 from basedirected.visiting_order import VisitingOrder
 

@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from basedirected.base import gate_failures
-from basedirected.cli import build_parser, config_from_args, train_main
+from basedirected.cli import train_main
+from basedirected.config import build_parser, config_from_args
 from basedirected.pretrained import BASE_FILES, base_key, catalogue, check_pretrained, file_sha256, pretrained_for, verify_pretrained
-from basedirected.runs import RunDir, load_run, prepare_run, resolve_config
+from basedirected.runs import RunDir, load_run, prepare_run
+from basedirected.config import resolve_config
 
 QUICK = {"train.steps": 4, "train.eval_every": 2, "train.checkpoint_every": 2, "n_eval": 16, "metrics.n_routed": 8, "metrics.n_forced": 4}
 

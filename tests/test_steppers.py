@@ -56,7 +56,8 @@ if mode != "group":
     from basedirected.cli import train_main
     sys.exit(train_main(["--run-dir", run_dir, *argv]))
 # a group of two runs (CVAE seeds 0 and 1 on one base), as a sweep trains them
-from basedirected.cli import _safe_force, build_parser, config_from_args
+from basedirected.cli import _safe_force
+from basedirected.config import build_parser, config_from_args
 from basedirected.groups import train_group
 from basedirected.runs import RunDir, prepare_run
 stop_after = int(argv[argv.index("--stop-after") + 1]) if "--stop-after" in argv else None

@@ -13,9 +13,11 @@ from basedirected.cvae import CVAEConfig, DiscreteCVAE, build_cvae, router_logit
 from basedirected.distributions import categorical_kl
 from basedirected.model import ModelConfig, collate, gather_response, response_nll
 from basedirected.objective import OBJECTIVE_NAMES, BetaSchedule, ReconstructionLossConfig, free_bits_kl, objective
-from basedirected.runs import HFRunConfig, RunConfig, TrainConfig, prepare_run, read_log
+from basedirected.runs import prepare_run, read_log
+from basedirected.config import HFRunConfig, RunConfig, TrainConfig
 from basedirected.tasks import Vocab, batch_indices, make_splits
-from basedirected.cli import OPTIONS, build_parser, config_from_args, train_main
+from basedirected.cli import train_main
+from basedirected.config import OPTIONS, build_parser, config_from_args
 from basedirected.train import fit, run, train_run, train_step
 from basedirected.visiting_order import VisitingOrder
 
@@ -319,9 +321,9 @@ def test_help_documents_options_in_paper_terms():
 def test_cli_is_generated_from_the_run_configuration():
     choices = next(o for o in OPTIONS if o.flag == "--objective").choices
     assert tuple(choices) == OBJECTIVE_NAMES
-    from basedirected.runs import resolve_config
+    from basedirected.config import resolve_config
     assert config_from_args(build_parser().parse_args([])) == resolve_config()  # the default run, as the API resolves it
-    from basedirected.cli import field_comments, option_help
+    from basedirected.config import field_comments, option_help
     for o in OPTIONS:  # every option names a real field; its help is the field's comment and shows the configuration's default
         if not o.path or o.help is not None: continue
         *head, name = o.path.split(".")
