@@ -31,11 +31,11 @@ import basedirected.addition, basedirected.grid_pathfinding, basedirected.sortin
 # %% auto #0
 __all__ = ['LR_SCHEDULES', 'MAX_LR', 'MAX_KL_WEIGHT', 'ADAPT_MODES', 'OPTIMIZERS', 'DEFAULT_TASK', 'BASE_CHOICES', 'DEFAULT_RUN',
            'BACKBONES', 'RUN_OPTIONS', 'TASK_OPTIONS', 'HF_OPTIONS', 'OBJECTIVE_OPTIONS', 'TRAINING_OPTIONS', 'OPTIONS',
-           'TrainConfig', 'MetricsConfig', 'RunConfig', 'AdaptConfig', 'HFRunConfig', 'rename_fields',
-           'apply_overrides', 'recipe_overrides', 'objective_training', 'pretrained_overrides', 'default_changes',
-           'resolve_config', 'resolve_hf_config', 'field_comments', 'add_dataclass_options', 'dataclass_from_args',
-           'Option', 'option_help', 'OneLineParser', 'build_parser', 'base_choice', 'config_from_args',
-           'hf_config_from_args', 'command_argv']
+           'TrainConfig', 'objective_mismatch', 'check_objective_name', 'MetricsConfig', 'RunConfig', 'AdaptConfig',
+           'HFRunConfig', 'rename_fields', 'apply_overrides', 'recipe_overrides', 'objective_training',
+           'pretrained_overrides', 'default_changes', 'resolve_config', 'resolve_hf_config', 'field_comments',
+           'add_dataclass_options', 'dataclass_from_args', 'Option', 'option_help', 'OneLineParser', 'build_parser',
+           'base_choice', 'config_from_args', 'hf_config_from_args', 'command_argv']
 
 # %% ../nbs/09_config.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
@@ -109,6 +109,28 @@ def kl_weight(self: TrainConfig, step: int, c_ref: float, beta_star: float | Non
     if beta_star is None: raise ValueError("tau needs the objective's break-even beta_star")
     return float(dataclasses.replace(self.beta, beta=self.tau * beta_star)(step))  # tau is relative to the loss's own beta*: no c_ref factor
 
+# %% ../nbs/09_config.ipynb #87756bef
+def objective_mismatch(objective: str,                   # a name of the objectives table, or 'custom'
+                       loss: ReconstructionLossConfig,   # the loss stack a configuration trains
+                       train: TrainConfig,               # its optimisation (the KL treatment)
+                      ) -> list[str]:                    # what differs from the named objective (empty: it is that objective; always for 'custom')
+    "Where a configuration's loss and KL treatment are not those its objective's name stands for (the table at the loss's own alpha and gamma)."
+    if objective == "custom" or objective not in OBJECTIVE_NAMES: return []
+    named = objectives(loss.alpha, loss.gamma)[objective]
+    differs = [f"{k} {getattr(loss, k)} (not {getattr(named.loss, k)})" for k in named.loss.lambdas() if getattr(loss, k) != getattr(named.loss, k)]
+    differs += [f"{k} {getattr(loss, k)!r} (not {getattr(named.loss, k)!r})" for k in ("token_reduction", "topk_fraction", "mean_one_lambda")
+                if getattr(loss, k) != getattr(named.loss, k)]
+    for what, have, want in (("the beta schedule", train.beta.kind, named.beta_kind), ("free_bits", train.free_bits, named.free_bits),
+                             ("beta_times_c_ref", train.beta_times_c_ref, named.beta_times_c)):
+        if have != want: differs.append(f"{what} {have!r} (not {want!r})")
+    return differs
+
+def check_objective_name(objective: str, loss: ReconstructionLossConfig, train: TrainConfig):
+    "Refuse (`ValueError`) a configuration named after an objective whose loss or KL treatment it does not have."
+    if differs := objective_mismatch(objective, loss, train):
+        raise ValueError(f"objective {objective} is not what this configuration trains: its {'; '.join(differs)}; "
+                         f"name it custom, or build it with resolve_config")
+
 # %% ../nbs/09_config.ipynb #b552c438
 @dataclass(frozen=True)
 class MetricsConfig:
@@ -161,6 +183,7 @@ class RunConfig:
         if self.n_train < 2: raise ValueError(f"n_train must be >= 2 (the data-based c_theta estimate needs two examples), got {self.n_train}")
         if self.n_eval < 1: raise ValueError(f"n_eval must be >= 1, got {self.n_eval}")
         if self.objective not in OBJECTIVE_NAMES + ("custom",): raise ValueError(f"objective must be one of {', '.join(OBJECTIVE_NAMES)} or custom, got {self.objective!r}")
+        check_objective_name(self.objective, self.loss, self.train)
         if self.c_source not in ("model", "data"): raise ValueError(f"c_source must be 'model' or 'data', got {self.c_source!r}")
         if self.c_samples < 2: raise ValueError(f"c_samples must be >= 2, got {self.c_samples}")
         if self.cvae.latent == "discrete" and self.train.free_bits_mode == "dimension": raise ValueError("free_bits_mode 'dimension' needs latent 'continuous'")
@@ -227,6 +250,7 @@ class HFRunConfig:
 
     def __post_init__(self):
         if self.objective not in OBJECTIVE_NAMES + ("custom",): raise ValueError(f"objective must be one of {', '.join(OBJECTIVE_NAMES)} or custom, got {self.objective!r}")
+        check_objective_name(self.objective, self.loss, self.train)
         if self.optimizer not in OPTIMIZERS: raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.c_source not in ("model", "data"): raise ValueError(f"c_source must be 'model' or 'data', got {self.c_source!r}")
         if self.cvae.latent != "discrete": raise ValueError("latent must be 'discrete' on a Hugging Face backbone")
@@ -373,8 +397,13 @@ def resolve_config(task: Task | str | None = None,       # a task, or a register
     if (overrides or {}).get("base.override_fraction") == 0: changes["base.input_overrides"] = {}
     custom = any(k.startswith("loss.lambda_") for k in changes)
     loss, train = objective_training(objective, changes.get("train.steps", TrainConfig().steps), alpha, gamma, refuse_unused=not custom)
-    cfg = dataclasses.replace(RunConfig(), task=t, loss=loss, objective="custom" if custom else objective, train=train)
-    return _original_switch(apply_overrides(cfg, changes, names), normalize_reconstruction_loss)
+    cfg = apply_overrides(dataclasses.replace(RunConfig(), task=t, loss=loss, objective="custom", train=train), changes, names)
+    return _original_switch(_named(cfg, "custom" if custom else objective, "objective" in changes), normalize_reconstruction_loss)
+
+def _named(cfg, objective: str, given: bool):
+    "`cfg` (built as custom) under the objective's name where its loss and KL treatment are that objective's, else custom; an objective set among the overrides stands."
+    if given or objective == "custom" or objective_mismatch(objective, cfg.loss, cfg.train): return cfg
+    return dataclasses.replace(cfg, objective=objective)
 
 def _original_switch(cfg, normalize: bool):
     "The original `--normalize-reconstruction-loss`: the uniform weight moves from R_std to R_dist."
@@ -400,8 +429,8 @@ def resolve_hf_config(backbone: str,                         # a Hugging Face ca
     paths = {k: str(Path(v).resolve()) for k, v in (("backbone", backbone), ("data", data), ("eval_data", eval_data)) if v is not None}
     custom = any(k.startswith("loss.lambda_") for k in overrides)
     loss, train = objective_training(objective, overrides.get("train.steps", TrainConfig().steps), alpha, gamma, refuse_unused=not custom)
-    cfg = HFRunConfig(**paths, loss=loss, objective="custom" if custom else objective, train=train, task=task, regime=regime)
-    return apply_overrides(cfg, overrides, names)
+    cfg = apply_overrides(HFRunConfig(**paths, loss=loss, objective="custom", train=train, task=task, regime=regime), overrides, names)
+    return _named(cfg, "custom" if custom else objective, "objective" in overrides)
 
 # %% ../nbs/09_config.ipynb #76b9f9fc
 def _class_source(cls) -> str:
