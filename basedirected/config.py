@@ -31,11 +31,11 @@ import basedirected.addition, basedirected.grid_pathfinding, basedirected.sortin
 # %% auto #0
 __all__ = ['LR_SCHEDULES', 'MAX_LR', 'MAX_KL_WEIGHT', 'ADAPT_MODES', 'OPTIMIZERS', 'DEFAULT_TASK', 'BASE_CHOICES', 'DEFAULT_RUN',
            'BACKBONES', 'RUN_OPTIONS', 'TASK_OPTIONS', 'HF_OPTIONS', 'OBJECTIVE_OPTIONS', 'TRAINING_OPTIONS', 'OPTIONS',
-           'TrainConfig', 'objective_mismatch', 'check_objective_name', 'MetricsConfig', 'RunConfig', 'AdaptConfig',
-           'HFRunConfig', 'rename_fields', 'apply_overrides', 'recipe_overrides', 'objective_training',
-           'pretrained_overrides', 'default_changes', 'resolve_config', 'resolve_hf_config', 'field_comments',
-           'add_dataclass_options', 'dataclass_from_args', 'Option', 'option_help', 'OneLineParser', 'build_parser',
-           'base_choice', 'config_from_args', 'hf_config_from_args', 'command_argv']
+           'TrainConfig', 'objective_mismatch', 'check_objective_name', 'MetricsConfig', 'check_run_config',
+           'RunConfig', 'AdaptConfig', 'HFRunConfig', 'rename_fields', 'apply_overrides', 'recipe_overrides',
+           'objective_training', 'pretrained_overrides', 'default_changes', 'resolve_config', 'resolve_hf_config',
+           'field_comments', 'add_dataclass_options', 'dataclass_from_args', 'Option', 'option_help', 'OneLineParser',
+           'build_parser', 'base_choice', 'config_from_args', 'hf_config_from_args', 'command_argv']
 
 # %% ../nbs/09_config.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
@@ -143,6 +143,33 @@ class MetricsConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1: raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
 
+# %% ../nbs/09_config.ipynb #6fa3f090
+def check_run_config(c: RunConfig):  # the configuration being built
+    "Refuse (`ValueError` naming the field) a `RunConfig` that cannot train: seeds, threads, sizes, names, and fields that contradict each other."
+    for name in ("seed", "base_seed"):
+        v = getattr(c, name)
+        if (v is not None or name == "seed") and (type(v) is not int or not 0 <= v < 2**31): raise ValueError(f"{name} must be an integer in [0, 2**31), got {v!r}")
+    # `type`, not isinstance: True is an int to Python
+    if type(c.threads) is not int or c.threads < 0: raise ValueError(f"threads must be an integer >= 0, got {c.threads!r}")
+    if type(c.flush_subnormals) is not bool: raise ValueError(f"flush_subnormals must be True or False, got {c.flush_subnormals!r}")
+    if c.train.tau is not None:
+        probe = c.task.generate(1, 0)[0]
+        if c.task.ideal_surprisal(probe) is None or c.task.oracle_surprisal(probe) is None:
+            raise ValueError(f"tau needs a task whose ideal and oracle surprisal are known (they give the break-even beta*); "
+                             f"task {c.task.name} has none: give beta instead")
+    for name, least in (("n_train", 2), ("n_eval", 1), ("c_samples", 2)):
+        if type(getattr(c, name)) is not int: raise ValueError(f"{name} must be an integer, got {getattr(c, name)!r}")
+    if c.n_train < 2: raise ValueError(f"n_train must be >= 2 (the data-based c_theta estimate needs two examples), got {c.n_train}")
+    if c.n_eval < 1: raise ValueError(f"n_eval must be >= 1, got {c.n_eval}")
+    if c.objective not in OBJECTIVE_NAMES + ("custom",): raise ValueError(f"objective must be one of {', '.join(OBJECTIVE_NAMES)} or custom, got {c.objective!r}")
+    check_objective_name(c.objective, c.loss, c.train)
+    if c.c_source not in ("model", "data"): raise ValueError(f"c_source must be 'model' or 'data', got {c.c_source!r}")
+    if c.c_samples < 2: raise ValueError(f"c_samples must be >= 2, got {c.c_samples}")
+    if c.cvae.latent == "discrete" and c.train.free_bits_mode == "dimension": raise ValueError("free_bits_mode 'dimension' needs latent 'continuous'")
+    if c.cvae.coupling > 0 and (c.train.tau == 0 or (c.train.tau is None and c.train.beta.beta == 0)):
+        raise ValueError("coupling weighs its term by coupling x beta: with a KL weight of 0 the term does nothing (give a beta or tau > 0, or drop coupling)")
+    if c.cvae.latent == "discrete" and c.cvae.K > 64: raise ValueError(f"K must be <= 64, got {c.cvae.K}")
+
 # %% ../nbs/09_config.ipynb #9b8ef842
 @dataclass(frozen=True)
 class RunConfig:
@@ -167,29 +194,7 @@ class RunConfig:
                                                     # results differ from False at round-off (a record written before the field: False)
 
     def __post_init__(self):
-        for name in ("seed", "base_seed"):
-            v = getattr(self, name)
-            if (v is not None or name == "seed") and (type(v) is not int or not 0 <= v < 2**31): raise ValueError(f"{name} must be an integer in [0, 2**31), got {v!r}")
-        # `type`, not isinstance: True is an int to Python
-        if type(self.threads) is not int or self.threads < 0: raise ValueError(f"threads must be an integer >= 0, got {self.threads!r}")
-        if type(self.flush_subnormals) is not bool: raise ValueError(f"flush_subnormals must be True or False, got {self.flush_subnormals!r}")
-        if self.train.tau is not None:
-            probe = self.task.generate(1, 0)[0]
-            if self.task.ideal_surprisal(probe) is None or self.task.oracle_surprisal(probe) is None:
-                raise ValueError(f"tau needs a task whose ideal and oracle surprisal are known (they give the break-even beta*); "
-                                 f"task {self.task.name} has none: give beta instead")
-        for name, least in (("n_train", 2), ("n_eval", 1), ("c_samples", 2)):
-            if type(getattr(self, name)) is not int: raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
-        if self.n_train < 2: raise ValueError(f"n_train must be >= 2 (the data-based c_theta estimate needs two examples), got {self.n_train}")
-        if self.n_eval < 1: raise ValueError(f"n_eval must be >= 1, got {self.n_eval}")
-        if self.objective not in OBJECTIVE_NAMES + ("custom",): raise ValueError(f"objective must be one of {', '.join(OBJECTIVE_NAMES)} or custom, got {self.objective!r}")
-        check_objective_name(self.objective, self.loss, self.train)
-        if self.c_source not in ("model", "data"): raise ValueError(f"c_source must be 'model' or 'data', got {self.c_source!r}")
-        if self.c_samples < 2: raise ValueError(f"c_samples must be >= 2, got {self.c_samples}")
-        if self.cvae.latent == "discrete" and self.train.free_bits_mode == "dimension": raise ValueError("free_bits_mode 'dimension' needs latent 'continuous'")
-        if self.cvae.coupling > 0 and (self.train.tau == 0 or (self.train.tau is None and self.train.beta.beta == 0)):
-            raise ValueError("coupling weighs its term by coupling x beta: with a KL weight of 0 the term does nothing (give a beta or tau > 0, or drop coupling)")
-        if self.cvae.latent == "discrete" and self.cvae.K > 64: raise ValueError(f"K must be <= 64, got {self.cvae.K}")
+        check_run_config(self)
 
     data_seed = property(lambda self: self.seed if self.base_seed is None else self.base_seed)  # seeds the data, the base, c_theta
     def to_dict(self) -> dict: return {**asdict(self), "task": self.task.to_dict(), "cvae": self.cvae.to_dict(), "train": self.train.to_dict()}
@@ -367,6 +372,7 @@ def _knows_profiles(task: Task) -> bool:
     try: probe = task.generate(1, 0)[0]; return task.ideal_surprisal(probe) is not None and task.oracle_surprisal(probe) is not None
     except Exception: return False
 
+# %% ../nbs/09_config.ipynb #10dee2dd
 def resolve_config(task: Task | str | None = None,       # a task, or a registered name or module:Class (with `regime` and `task_fields`); None: DEFAULT_TASK
                    objective: str = "theta",              # the compared objective (OBJECTIVE_NAMES)
                    overrides: dict[str, object] | None = None,  # dotted RunConfig (or HFRunConfig) paths -> values, applied last
@@ -410,6 +416,7 @@ def _original_switch(cfg, normalize: bool):
     if not normalize: return cfg
     return dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, lambda_dist=cfg.loss.lambda_dist + cfg.loss.lambda_std, lambda_std=0.0), objective="custom")
 
+# %% ../nbs/09_config.ipynb #581ebe4e
 def resolve_hf_config(backbone: str,                         # a Hugging Face causal LM's directory (save_pretrained); nothing is downloaded
                       data: str | None,                      # its training JSONL
                       eval_data: str | None = None,          # its held-out JSONL (None: the first n_eval training records)

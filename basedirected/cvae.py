@@ -73,6 +73,7 @@ class CVAEConfig:
         if self.coupling_reader == "bag": del d["coupling_reader"]
         return d
 
+# %% ../nbs/07_cvae.ipynb #d294ff3a
 @dataclass
 class CVAEOutput:
     "One forward pass: posterior-expected token losses and the rate term."

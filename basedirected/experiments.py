@@ -16,7 +16,7 @@ import shlex
 import shutil
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,13 +34,24 @@ from .train import BaseGateError, complete, train_run
 from .groups import pack_groups, train_group
 
 # %% auto #0
-__all__ = ['PRESETS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVATION', 'CUDA_CONTEXT_GIB', 'Preset', 'RunSpec',
-           'cell_overrides', 'plan', 'plan_cost', 'SweepDir', 'base_dir', 'lock_path', 'prepare_shared_base',
-           'check_base_gate', 'select_bases', 'selected_bases', 'skipped_cells', 'clear_cells', 'finished_record',
-           'finished', 'check_sweep_dir', 'record_preset', 'cell_locks', 'clear_held_cells', 'run_cell',
-           'run_group_cells', 'run_pack', 'die_with_parent', 'pack_memory_gib', 'DevicePlacer', 'cuda_budgets_gib',
-           'run_placed', 'copy_bases', 'seed_bases', 'earlier_cells', 'check_same_bases', 'check_earlier_bases',
-           'execute']
+__all__ = ['PRESETS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVATION', 'CUDA_CONTEXT_GIB', 'check_preset',
+           'Preset', 'RunSpec', 'cell_overrides', 'plan', 'plan_cost', 'SweepDir', 'base_dir', 'lock_path',
+           'prepare_shared_base', 'check_base_gate', 'select_bases', 'selected_bases', 'skipped_cells', 'clear_cells',
+           'finished_record', 'finished', 'check_sweep_dir', 'record_preset', 'cell_locks', 'clear_held_cells',
+           'run_cell', 'run_group_cells', 'run_pack', 'die_with_parent', 'pack_memory_gib', 'DevicePlacer',
+           'cuda_budgets_gib', 'run_placed', 'copy_bases', 'seed_bases', 'earlier_cells', 'check_same_bases',
+           'check_earlier_bases', 'execute']
+
+# %% ../nbs/11_experiments.ipynb #f6765ca6
+def check_preset(p: Preset):  # the preset being built
+    "Refuse (`ValueError` naming the preset) a grid that cannot run: no KL weights, evaluations beyond the steps, seeds given twice, a gate policy unknown."
+    if not p.taus and not p.betas: raise ValueError(f"preset {p.name}: give taus or betas")
+    if p.evals < 1 or p.cvae_steps < p.evals: raise ValueError(f"preset {p.name}: evals must lie in [1, cvae_steps]")
+    if p.base_seeds and p.base_seed is not None: raise ValueError(f"preset {p.name}: give base_seed or base_seeds, not both")
+    if len(set(p.base_seeds)) != len(p.base_seeds): raise ValueError(f"preset {p.name}: base_seeds repeats a seed: {p.base_seeds}")
+    if p.failed_bases not in ("refuse", "skip"): raise ValueError(f"preset {p.name}: failed_bases must be 'refuse' or 'skip', got {p.failed_bases!r}")
+    if p.bases_needed is not None and not (p.base_seeds and p.failed_bases == "skip" and 1 <= p.bases_needed <= len(p.base_seeds)):
+        raise ValueError(f"preset {p.name}: bases_needed needs base_seeds, failed_bases='skip' and a value in [1, {len(p.base_seeds)}], got {p.bases_needed}")
 
 # %% ../nbs/11_experiments.ipynb #7ef9c87a
 @dataclass(frozen=True)
@@ -86,13 +97,7 @@ class Preset:
     gate_exceptions: tuple[tuple[str, str], ...] = ()  # (regime, why) of bases the sweep may use although they fail the quality gate
 
     def __post_init__(self):
-        if not self.taus and not self.betas: raise ValueError(f"preset {self.name}: give taus or betas")
-        if self.evals < 1 or self.cvae_steps < self.evals: raise ValueError(f"preset {self.name}: evals must lie in [1, cvae_steps]")
-        if self.base_seeds and self.base_seed is not None: raise ValueError(f"preset {self.name}: give base_seed or base_seeds, not both")
-        if len(set(self.base_seeds)) != len(self.base_seeds): raise ValueError(f"preset {self.name}: base_seeds repeats a seed: {self.base_seeds}")
-        if self.failed_bases not in ("refuse", "skip"): raise ValueError(f"preset {self.name}: failed_bases must be 'refuse' or 'skip', got {self.failed_bases!r}")
-        if self.bases_needed is not None and not (self.base_seeds and self.failed_bases == "skip" and 1 <= self.bases_needed <= len(self.base_seeds)):
-            raise ValueError(f"preset {self.name}: bases_needed needs base_seeds, failed_bases='skip' and a value in [1, {len(self.base_seeds)}], got {self.bases_needed}")
+        check_preset(self)
 
 # %% ../nbs/11_experiments.ipynb #aeac46f4
 PRESETS = {
@@ -171,6 +176,11 @@ PRESETS.update({
     # the coupling term with a classifier that reads the response's order (notebook 07: the bag reader the meaning preset ran with sees only
     # token counts and the length), on the meaning preset's grid pathfinding base (its --bases), where the bag reader read the strategy least
     # of the tasks whose codes were relabelled; J_theta and the cELBO at rho 1, J_theta without the term as the control, 10 seeds each
+})
+
+# %% ../nbs/11_experiments.ipynb #3ef23e1f
+# the coupling term's classifier and router, and J_theta without any breaker (reference/reader, shortcut, baseline)
+PRESETS.update({
     "reader": Preset("reader", ("theta", "celbo"), "the coupling term with an order-reading classifier on grid pathfinding: J_theta and the cELBO "
                      "at rho 1, J_theta without the term as the control, 10 seeds on the meaning preset's grid base", taus=(0.07,), seeds=tuple(range(10)),
                      base_seeds=tuple(range(2, 12)), bases_needed=1, failed_bases="skip", regimes=("grid_pathfinding",), cvae_steps=500, evals=10,
@@ -331,6 +341,7 @@ def lock_path(out: Path,   # the sweep's directory
               name: str,   # a cell's key, or 'base-' and a base's directory name
              ) -> Path: return SweepDir(out).lock(name)
 
+# %% ../nbs/11_experiments.ipynb #7e3feaf4
 def prepare_shared_base(out: Path,            # the sweep's directory
                         spec: RunSpec,        # a cell of the (task, data seed) whose base this is
                         device: str = "auto",
@@ -675,6 +686,7 @@ def seed_bases(out: Path,       # the sweep's directory
     check_writable(Path(out))
     return copy_bases(source, SweepDir(out).bases, names)
 
+# %% ../nbs/11_experiments.ipynb #02391f10
 def earlier_cells(earlier: Path,  # an earlier collection of the sweep (a sweep directory, or its reference copy)
                  ) -> tuple[set[str], dict]:  # its cells' keys, its bases' gates by directory name
     "The cells an earlier collection holds (the keys of its `results.csv`) and the gates of the bases it prepared (`base_gates.json`)."
@@ -710,7 +722,6 @@ def check_earlier_bases(out: Path,              # the sweep's directory
                                 "(that collection's bases/): one trained again here from its seed would be another base (round-off)")
     check_same_bases(out, gates)
 
-
 # %% ../nbs/11_experiments.ipynb #743db029
 def execute(out: Path,              # the sweep's directory
             preset: Preset,
@@ -729,6 +740,11 @@ def execute(out: Path,              # the sweep's directory
     threads = torch.get_num_threads()  # cells run in this process set the preset's thread count; the caller gets its own back
     try: return _execute(out, preset, jobs, device, force, progress, group_size, compile, earlier, only, base, tensorboard)
     finally: torch.set_num_threads(threads)
+
+# %% ../nbs/11_experiments.ipynb #dd498fcd
+def _no_records() -> Future:
+    "The future of a pack whose base is skipped: done at once, with no record."
+    f = Future(); f.set_result([]); return f
 
 # %% ../nbs/11_experiments.ipynb #91c8e17a
 def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, progress: bool, group_size: int, compile: bool,
@@ -767,18 +783,15 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
             check_earlier_bases(out, specs, usable, before)
             bar = tqdm(total=len(specs), desc="runs", disable=not progress)
             ready = lambda pack: all(usable[(specs[i].regime, specs[i].config.data_seed)] for i in pack)
-            def skipped():  # a pack of a skipped base: done at once, with no record
-                from concurrent.futures import Future
-                f = Future(); f.set_result([]); return f
             if n_gpu:  # a pack starts only where its memory estimate fits beside those running (pack_memory_gib)
                 needs = [pack_memory_gib([specs[i].config for i in pack]) for pack in packs]
                 def submit(k, d):
-                    return pool.submit(run_pack, out, [specs[i] for i in packs[k]], f"cuda:{d}", force, compile, tensorboard) if ready(packs[k]) else skipped()
+                    return pool.submit(run_pack, out, [specs[i] for i in packs[k]], f"cuda:{d}", force, compile, tensorboard) if ready(packs[k]) else _no_records()
                 for k, f in run_placed(needs, DevicePlacer(cuda_budgets_gib()), submit, jobs): records.update(zip(packs[k], f.result())); bar.update(len(packs[k]))
             else:
                 futures = []
                 for pack, dev in zip(packs, devices):
-                    futures.append((pack, pool.submit(run_pack, out, [specs[i] for i in pack], dev, force, compile, tensorboard) if ready(pack) else skipped()))
+                    futures.append((pack, pool.submit(run_pack, out, [specs[i] for i in pack], dev, force, compile, tensorboard) if ready(pack) else _no_records()))
                 for pack, f in futures: records.update(zip(pack, f.result())); bar.update(len(pack))
     bar.close()
     return [records[i] for i in range(len(specs)) if i in records]

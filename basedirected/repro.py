@@ -119,12 +119,10 @@ def repro_parser() -> OneLineParser:
     add_dataclass_options(p, ClusterConfig, {"executor": EXECUTORS, "cluster": CLUSTERS}, "executor (where the cells run)")
     return p
 
-# %% ../nbs/12b_repro.ipynb #c1874c3d
-def repro_main(argv: list[str] | None = None,  # command-line arguments (None: the process's own)
-              ) -> int:                       # exit status: 1 when cells are missing, else 0
-    "Console entry point `basedirected-repro`."
-    p = repro_parser()
-    a = p.parse_args(argv)
+# %% ../nbs/12b_repro.ipynb #f7d2cdf7
+def _checked_args(p: argparse.ArgumentParser, a: argparse.Namespace,  # `repro_parser()` (its error() exits with one line), what it parsed
+                 ) -> tuple:                   # (the cluster's configuration, jobs, group size, the sweep's directory)
+    "Every argument of `basedirected-repro` checked before any work; one line and exit status 2 naming the first that is wrong."
     if a.collect and a.preset is not None and a.out is not None and SweepDir(a.out).preset.is_file():
         try: recorded = read_json(SweepDir(a.out).preset).get("preset", {}).get("name")
         except ValueError as e: p.error(str(e))
@@ -170,6 +168,15 @@ def repro_main(argv: list[str] | None = None,  # command-line arguments (None: t
             out.mkdir(parents=True, exist_ok=True)
             probe = out / f".write-test{os.getpid()}"; probe.write_bytes(b""); probe.unlink()
         except OSError as e: p.error(f"--out {out}: {e.strerror or e}")
+    return cluster, jobs, group_size, out
+
+# %% ../nbs/12b_repro.ipynb #c1874c3d
+def repro_main(argv: list[str] | None = None,  # command-line arguments (None: the process's own)
+              ) -> int:                       # exit status: 1 when cells are missing, else 0
+    "Console entry point `basedirected-repro`."
+    p = repro_parser()
+    a = p.parse_args(argv)
+    cluster, jobs, group_size, out = _checked_args(p, a)
     t0 = time.perf_counter()
     try: records, missing, summary = _run_sweep(a, out, cluster, jobs, group_size)
     except (ValueError, OSError, NonFiniteError, ClusterError) as e:  # a damaged file, a base the gate refuses, a full disk: named in one line
@@ -184,6 +191,7 @@ def repro_main(argv: list[str] | None = None,  # command-line arguments (None: t
     except KeyboardInterrupt: p.exit(130, "basedirected-repro: interrupted while writing the reports; the finished cells are kept, and --collect writes them again\n")
     return 1 if missing else 0
 
+# %% ../nbs/12b_repro.ipynb #b97ae9ec
 def _report(a, out: Path, records: list[dict], missing: list[str], summary: dict, wall: float):
     "The reports of a sweep, its answer on the terminal, the cells missing and the comparison asked for."
     if records: write_reports(out, records, {**summary, "wall_seconds": wall, "missing": missing}, Path(a.earlier) if a.earlier else None)

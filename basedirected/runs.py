@@ -430,6 +430,7 @@ def shared_surprisal(key: tuple,  # what the values depend on: the base's bytes,
         _SURPRISAL_CACHES[key] = make()
     return _SURPRISAL_CACHES[key]
 
+# %% ../nbs/09a_runs.ipynb #74c5aa7f
 class Run:
     "Everything a prepared run holds, whatever its backbone: configuration, vocabulary, splits, base, frozen reference, $\\widehat c_\\theta$, the CVAE, its rows and $b_t$ caches, and the process's place among `torchrun`'s."
     def __init__(self, dir: RunDir,                   # its directory
@@ -453,10 +454,8 @@ class Run:
         self.reference = FrozenReference(base) if reference is None else reference
         self._optimizers, self.metrics_hook = optimizers, metrics
         self.__dict__.update(prepared)  # the cached properties below make what a preparer did not
-
     task = property(lambda self: self.config.task)
     c_ref = property(lambda self: self.scale.value)
-
     @cached_property
     def train_cache(self) -> SurprisalCache:
         "$b_t$ of the training split, resident on the run's device (a step looks rows up without a copy); computed once per process for each base and split (`shared_surprisal`)."

@@ -291,6 +291,24 @@ def _finals(runs: list[Run], s, stopped: dict, end: int) -> list:
     barrier(runs[0].world)  # no process leaves before rank 0 has written
     return finals
 
+# %% ../nbs/10_train.ipynb #545cbdc5
+def _evaluate_and_checkpoint(runs: list[Run], s: Stepper, logs: _RunLogs, step: int,  # `fit`'s runs, stepper and logs; the step just taken
+                             stopped: dict, stop,  # the runs stopped so far (index -> error), and how `fit` stops one
+                            ) -> bool:            # whether the runs were evaluated at this step
+    "At an evaluation or checkpoint step, every live run's held-out terms logged, then its log made durable and its checkpoint written."
+    tc = runs[0].config.train
+    evaluate_now = (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps
+    checkpoint_now = (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps
+    if evaluate_now or checkpoint_now: s.sync()
+    for n, r in enumerate(runs):
+        if n in stopped or not s.writes: continue
+        if evaluate_now: logs.write(n, {"step": step + 1, "split": "eval", **_evaluate_at(r, step)})
+        if checkpoint_now:
+            logs.flush(n, durable=True)  # a checkpoint never claims steps the log lacks
+            try: _checkpoint(r, s.optimizer_state(n, step), step + 1)
+            except NonFiniteError as e: stop(n, e)
+    return evaluate_now
+
 # %% ../nbs/10_train.ipynb #87b7c34e
 def fit(runs: list[Run],                        # prepared runs (`prepare_run`, `prepare_hf_run`) that the stepper trains together
         stepper=None,                           # builds the stepper from the runs: None picks OneRun, or ShardedRun under torchrun; RunGroup for many
@@ -326,16 +344,7 @@ def fit(runs: list[Run],                        # prepared runs (`prepare_run`, 
                 try: _watch(record, *watches[n], tc.max_nonfinite_steps)  # every process sees the same record: they stop together
                 except NonFiniteError as e: logs.flush(n); stop(n, e)
             if len(stopped) == len(runs): break
-            evaluate_now = (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps
-            checkpoint_now = (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps
-            if evaluate_now or checkpoint_now: s.sync()
-            for n, r in enumerate(runs):
-                if n in stopped or not s.writes: continue
-                if evaluate_now: logs.write(n, {"step": step + 1, "split": "eval", **_evaluate_at(r, step)})
-                if checkpoint_now:
-                    logs.flush(n, durable=True)  # a checkpoint never claims steps the log lacks
-                    try: _checkpoint(r, s.optimizer_state(n, step), step + 1)
-                    except NonFiniteError as e: stop(n, e)
+            evaluate_now = _evaluate_and_checkpoint(runs, s, logs, step, stopped, stop)
             if len(stopped) == len(runs): break
             if bar is not None: bar.advance("cvae", step + 1, tc.steps, evaluated=evaluate_now)
             elif progress is True and s.writes and len(runs) == 1 and "loss" in record:

@@ -181,6 +181,18 @@ def test_no_notebook_cell_mixes_imports_with_other_code():
     assert not found, "cells the documentation build would run without the cells before them (put their imports in a cell of their own):\n" + "\n".join(found)
 
 
+MAX_CELL_LINES = 50  # a code cell is read beside its prose: one screen
+
+
+def test_no_notebook_code_cell_is_longer_than_a_screen():
+    import json
+    from basedirected.docsite import page_order
+    long = [f"{nb.name} cell {c.get('id')}: {n} lines ({''.join(c['source']).splitlines()[1][:60]!r})"
+            for nb in page_order(ROOT / "nbs") for c in json.loads(nb.read_text())["cells"]
+            if c["cell_type"] == "code" and (n := len("".join(c["source"]).splitlines())) > MAX_CELL_LINES]
+    assert not long, f"code cells over {MAX_CELL_LINES} lines (split them where the code has a seam):\n" + "\n".join(long)
+
+
 def test_the_cpu_environment_is_the_environment_with_cpu_wheels():
     lines = lambda name: [l.strip() for l in (ROOT / name).read_text().splitlines() if l.strip().startswith("- ")]
     cpu, full = lines("environment-cpu.yml"), lines("environment.yml")
