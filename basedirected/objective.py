@@ -185,11 +185,17 @@ def objective(nll: torch.Tensor,       # E_q[l_t], (B, T) response coordinates
     return {**terms, "kl": kl.mean(), "recon": recon, "loss": recon + beta * kl_loss}
 
 # %% ../nbs/04_objective.ipynb #36635323
-def j_theta(terms: dict[str, torch.Tensor], kl: torch.Tensor, beta: float) -> torch.Tensor:
+def j_theta(terms: dict[str, torch.Tensor],  # `reconstruction_terms` of the batch (its 'theta' is R_theta, scalar)
+            kl: torch.Tensor,                  # KL(q || r) per example, (B,)
+            beta: float,                       # the KL weight beta >= 0
+           ) -> torch.Tensor:                  # the scalar loss
     "$\\mathcal J_\\theta = \\mathcal R_\\theta + \\beta\\,\\mathrm{KL}$ (note 000), from `reconstruction_terms` and per-example KL."
     return terms["theta"] + check_nonnegative(beta, "beta") * _checked_kl(kl).mean()
 
-def j_celbo(terms: dict[str, torch.Tensor], kl: torch.Tensor, beta: float) -> torch.Tensor:
+def j_celbo(terms: dict[str, torch.Tensor],  # `reconstruction_terms` of the batch (its 'std' is R_std, scalar)
+            kl: torch.Tensor,                  # KL(q || r) per example, (B,)
+            beta: float,                       # the KL weight beta >= 0
+           ) -> torch.Tensor:                  # the scalar loss
     "$\\mathcal J_{\\mathrm{cELBO}} = R_{\\mathrm{std}} + \\beta\\,\\mathrm{KL}$ (note 000), the negative conditional ELBO."
     return terms["std"] + check_nonnegative(beta, "beta") * _checked_kl(kl).mean()
 

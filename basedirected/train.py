@@ -10,6 +10,7 @@ import json
 import math
 import os
 import statistics
+import threading
 import time
 import warnings
 from collections import deque
@@ -241,16 +242,38 @@ def _resume(runs: list[Run]) -> tuple[int, list[list[dict] | None]]:
     return starts[0], states
 
 # %% ../nbs/10_train.ipynb #caff196b
+def _quiet_event_writer_threads():
+    "TensorBoard's writer thread prints its own traceback when a write fails; the sink reports the failure as one warning instead."
+    if getattr(threading.excepthook, "_basedirected", False): return
+    previous = threading.excepthook
+    def hook(args):
+        if type(args.thread).__name__ != "_AsyncWriterThread": previous(args)  # every other thread's exception as before
+    hook._basedirected = True
+    threading.excepthook = hook
+
 class TensorBoardSink:
     "Every log record's numbers as TensorBoard scalars, `split/term` at the record's step: a view of log.jsonl, which stays the record."
     def __init__(self, log_dir):  # the events' directory
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package, an option and not a requirement
+        _quiet_event_writer_threads()
+        self.dir, self.step, self.failed = Path(log_dir), 0, False
         self.writer = SummaryWriter(str(log_dir))
+    def _fail(self, e: Exception):  # a full disk or a vanished directory stops the events, never the run
+        if self.failed: return
+        self.failed = True
+        warnings.warn(f"--tensorboard {self.dir}: {getattr(e, 'strerror', None) or e}; its events stop (none after step {self.step}), and log.jsonl keeps every record")
     def __call__(self, record: dict):
-        for k, v in record.items():
-            if k != "step" and type(v) in (int, float) and math.isfinite(v): self.writer.add_scalar(f"{record['split']}/{k}", v, record["step"])
-    def close(self): self.writer.close()
-
+        if self.failed: return
+        try:
+            for k, v in record.items():
+                if k != "step" and type(v) in (int, float) and math.isfinite(v): self.writer.add_scalar(f"{record['split']}/{k}", v, record["step"])
+            self.step = record["step"]
+        except Exception as e: self._fail(e)  # the writer thread's error, raised at the next write
+    def close(self):
+        try: self.writer.close()
+        except Exception as e: self._fail(e)
+        worker = getattr(getattr(getattr(getattr(self.writer, "file_writer", None), "event_writer", None), "_async_writer", None), "_worker", None)
+        if getattr(worker, "exception", None) is not None: self._fail(worker.exception)  # a write that failed in the last flush
 
 # %% ../nbs/10_train.ipynb #50c690b1
 class _RunLogs:

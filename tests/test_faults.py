@@ -1009,3 +1009,19 @@ def test_bases_with_a_gate_record_edited_to_pass_are_refused(smoke_dir, tmp_path
     gate = json.loads(gate_file.read_text()); gate["passes"] = not gate["passes"]; gate_file.write_text(json.dumps(gate))
     code, err = _repro(["--preset", "smoke", "--out", str(tmp_path / "o"), "--bases", str(bases), "--quiet"], capsys)
     assert code == 2 and len(err) == 1 and "the record was changed" in err[0] and str(gate_file) in err[0]
+
+
+def test_a_full_disk_under_tensorboard_is_one_warning_and_the_run_completes(tmp_path, capsys):
+    "The events are a view of log.jsonl: a disk that fills under them stops the events with one line, never the run or its record."
+    pytest.importorskip("tensorboard")
+    d = tmp_path / "small"
+    _mount_tmpfs(d, "16k")
+    try:
+        code, _ = cli(tmp_path / "run", "--steps", "40", "--eval-every", "5", "--tensorboard", str(d / "tb"), capsys=None)
+        err = capsys.readouterr().err
+        assert code == 0 and "Traceback" not in err and "Exception in thread" not in err, err[-2000:]
+        warned = [l for l in err.splitlines() if "--tensorboard" in l]
+        assert len(warned) == 1 and "No space left on device; its events stop (none after step" in warned[0], warned
+        assert len([r for r in read_log(tmp_path / "run" / "log.jsonl") if r["split"] == "train"]) == 40  # every step's record
+    finally:
+        subprocess.run(["umount", str(d)])
