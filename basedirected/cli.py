@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from .config import OneLineParser, base_choice, build_parser, config_from_args, hf_config_from_args
 from .runs import (RunDir, RunInputError, check_run_dir, check_writable, exclusive_run_dir, read_json,
-                               resolve_device, write_command)
+                               resolve_device, torchrun_place, write_command)
 from .train import BaseGateError, NonFiniteError, check_batch_split, run
 
 # %% auto #0
@@ -73,7 +73,8 @@ def train_main(argv: list[str] | None = None,  # the options (None: the command 
     parser = build_parser(prog)
     a = parser.parse_args(args)
     if prog == "basedirected-hf-train" and a.backbone is None: parser.error("the following arguments are required: --backbone, --data")
-    main, world = int(os.environ.get("RANK", "0")) == 0, int(os.environ.get("WORLD_SIZE", "1"))
+    rank, world = torchrun_place()
+    main = rank == 0
     rd, held = RunDir(a.run_dir), contextlib.ExitStack()
     try:
         config, train = _checked(a, world)
@@ -86,8 +87,7 @@ def train_main(argv: list[str] | None = None,  # the options (None: the command 
     with held, warnings.catch_warnings():  # the lock is released however the run ends; a warning is one line, not a source location
         warnings.showwarning = lambda message, *_: print(f"{parser.prog}: warning: {message}", file=sys.stderr, flush=True)
         try:
-            final = train()
-            if dist.is_initialized(): dist.barrier()  # the other ranks wait for rank 0's metrics: a rank that tears its process group down while rank 0 still holds it can abort in gloo's teardown, and torchrun then kills rank 0 before metrics.json
+            final = train()  # every process returns once rank 0 has written its metrics (`run`, `hf_run`)
         except (NonFiniteError, BaseGateError, RunInputError) as e: parser.exit(2, f"{parser.prog}: error: {e}\n")
         except ValueError as e:
             if a.backbone is None: raise

@@ -464,6 +464,10 @@ def stop(self: RunGroup, n: int):  # the run's index in the group
     "Run `n` leaves the group (non-finite steps): its parameters and moments stay as they were."
     self.alive[n] = False
 
+@patch
+def finish(self: RunGroup):
+    "One process holds the group: nothing to wait for."
+
 # %% ../nbs/10c_groups.ipynb #eaeef9b5
 def train_group(runs: list[Run],                # prepared runs sharing a group_key
                 progress: bool = False,         # show progress bars

@@ -32,7 +32,7 @@ from .metrics import (alignment_record, code_perplexity, entropy, generation_sco
                                   latent_information, marginal_nll, strategy_information)
 from .model import Batch, EncodedExamples, layout_tokens, response_nll
 from .objective import ReconstructionLossConfig
-from .runs import Run, RunDir, atomic_write_json, barrier, check_run_dir, distributed_setup, environment_record, exclusive_run_dir, gather_floats, load_checkpoint, load_trained_state, read_json, read_reference_scale, write_run_record
+from .runs import Run, RunDir, atomic_write_json, barrier, torchrun_place, check_run_dir, distributed_setup, environment_record, exclusive_run_dir, gather_floats, load_checkpoint, load_trained_state, read_json, read_reference_scale, write_run_record
 from .config import ADAPT_MODES, OPTIMIZERS, AdaptConfig, HFRunConfig
 from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, make_task
@@ -619,14 +619,16 @@ def hf_run(run_dir,                            # the run directory (made if abse
            tensorboard: str | None = None,     # also write the log's records as TensorBoard events in this directory
           ) -> dict:                           # the final held-out terms, and the metrics as metric_*
     "A complete run in `run_dir` on one process or under `torchrun`; at the last step rank 0 writes `eval.json` and `metrics.json` (kept if a rerun finds it). Rank 0 holds the directory (`exclusive_run_dir`) from before its first write."
-    main = int(os.environ.get("RANK", "0")) == 0
-    with exclusive_run_dir(run_dir) if main else contextlib.nullcontext():
+    rank, world = torchrun_place()
+    with exclusive_run_dir(run_dir) if rank == 0 else contextlib.nullcontext():
         run = prepare_hf_run(run_dir, config, device, resume_without_log)
         (final,) = fit([run], progress=progress, stop_after=stop_after, tensorboard=tensorboard)
         if isinstance(final, Exception): raise final
-        if run.rank != 0 or not metrics or (stop_after is not None and stop_after < config.train.steps): return final
-        m = read_json(run.dir.metrics) if run.dir.metrics.exists() else complete(run, final)
-        return {**final, **{f"metric_{k}": v for k, v in m.items()}}
+        if rank == 0 and metrics and (stop_after is None or stop_after >= config.train.steps):
+            m = read_json(run.dir.metrics) if run.dir.metrics.exists() else complete(run, final)
+            final = {**final, **{f"metric_{k}": v for k, v in m.items()}}
+    barrier(world)  # every process returns once rank 0 has written metrics.json (as `run` does)
+    return final
 
 def hf_run_metrics(run: Run,    # a trained run on a Hugging Face backbone
                    final: dict,  # its final held-out terms

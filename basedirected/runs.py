@@ -40,10 +40,10 @@ import basedirected.addition, basedirected.grid_pathfinding, basedirected.sortin
 __all__ = ['BASE_CHECKPOINT_EVERY', 'LOADERS', 'RunDir', 'atomic_write_bytes', 'atomic_write_json', 'atomic_torch_save',
            'load_checkpoint', 'read_json', 'trained_state', 'load_trained_state', 'file_lock', 'exclusive_run_dir',
            'remove_temporaries', 'read_log', 'truncate_log', 'environment_record', 'cpu_model', 'use_numerics',
-           'resolve_device', 'run_vocab', 'distributed_setup', 'barrier', 'gather_floats', 'shard_indices', 'load_base',
-           'base_source', 'prepare_base', 'prepare_reference_scale', 'check_gate_record', 'prepare_gate',
-           'shared_surprisal', 'Run', 'read_reference_scale', 'write_run_record', 'write_command', 'check_writable',
-           'check_run_dir', 'RunInputError', 'check_sequence_lengths', 'prepare_run', 'load_run']
+           'resolve_device', 'run_vocab', 'torchrun_place', 'distributed_setup', 'barrier', 'gather_floats',
+           'shard_indices', 'load_base', 'base_source', 'prepare_base', 'prepare_reference_scale', 'check_gate_record',
+           'prepare_gate', 'shared_surprisal', 'Run', 'read_reference_scale', 'write_run_record', 'write_command',
+           'check_writable', 'check_run_dir', 'RunInputError', 'check_sequence_lengths', 'prepare_run', 'load_run']
 
 # %% ../nbs/09a_runs.ipynb #7d7e3f85
 def _is_run_record(d: dict) -> bool: return isinstance(d.get("config"), dict) and isinstance(d.get("environment"), dict)
@@ -268,13 +268,17 @@ def run_vocab(config: RunConfig,  # its task and its number of codes
     return Vocab.for_task(config.task, n_latent=max(config.cvae.K, 8))
 
 # %% ../nbs/09a_runs.ipynb #4132ed6d
+def torchrun_place() -> tuple[int, int]:  # (rank, number of processes)
+    "This process's rank and the number of processes as torchrun sets them (0 and 1 outside torchrun): the one reader of them."
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
 def distributed_setup(device: str = "auto",  # 'auto', 'cpu' or 'cuda' (each of torchrun's processes takes its LOCAL_RANK GPU)
                      ) -> tuple[int, int, torch.device]:  # rank, world size, device
     "Rank, world size and device of this process: one process, or one of `torchrun`'s (gloo on CPU, nccl on GPU)."
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, world = torchrun_place()
     dev = resolve_device(device)
     if world == 1: return 0, 1, dev
-    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
     if dev.type == "cuda": dev = torch.device("cuda", local); torch.cuda.set_device(dev)
     if not dist.is_initialized(): dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     return rank, world, dev

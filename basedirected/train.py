@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from .base import gate_failures
@@ -28,7 +29,7 @@ from .objective import loss_reference_weights
 from .model import TinyCausalLM, layout_tokens
 from .base import GATE_SAMPLES_PER_INPUT, response_budget
 from .pretrained import file_sha256
-from .runs import Run, RunDir, atomic_torch_save, atomic_write_json, barrier, base_source, exclusive_run_dir, gather_floats, load_checkpoint, load_trained_state, prepare_run, read_json, read_log, run_vocab, shard_indices, trained_state, truncate_log, use_numerics
+from .runs import Run, RunDir, atomic_torch_save, atomic_write_json, barrier, base_source, exclusive_run_dir, gather_floats, load_checkpoint, load_trained_state, prepare_run, read_json, read_log, run_vocab, shard_indices, torchrun_place, trained_state, truncate_log, use_numerics
 from .config import RunConfig, TrainConfig
 from .tasks import batch_indices, break_even_beta
 
@@ -108,6 +109,7 @@ def train_step(run: Run,             # a prepared run (any backbone)
                forward=None,         # what runs the CVAE: its DistributedDataParallel replica under torchrun (None: the model)
                shard=None,           # this process's share of the global batch's rows (`ShardedRun.shard`; None: all of them)
                reduce=None,          # every process's host values combined (`ShardedRun.reduce`; None: this process's own)
+               micro_batch=None,     # micro_batch(j, n): the context of micro-batch j of n (`ShardedRun.micro_batch`; None: none)
               ) -> dict:             # the log record
     "One optimizer step of `run.model` on this process's share of global minibatch `step` (in `grad_accum` micro-batches); returns the log record (every term, KL, β, lr, gradient norm, throughput, or the term that was not finite)."
     model, tc, device, t0 = run.model, run.config.train, run.device, time.perf_counter()
@@ -124,11 +126,9 @@ def train_step(run: Run,             # a prepared run (any backbone)
         for g in opt.param_groups: g["lr"] = lr
         opt.zero_grad(set_to_none=True)
     parts, parts_eps = mine.chunk(tc.grad_accum), (eps.chunk(tc.grad_accum) if eps is not None else [None] * tc.grad_accum)
-    ddp = getattr(forward, "ddp", None)
     micro = []
     for j, (part, e) in enumerate(zip(parts, parts_eps)):
-        # DistributedDataParallel all-reduces the gradients of the last micro-batch's backward only, once they have all accumulated
-        with ddp.no_sync() if ddp is not None and j < len(parts) - 1 else contextlib.nullcontext():
+        with micro_batch(j, len(parts)) if micro_batch is not None else contextlib.nullcontext():
             micro.append(_micro_batch(run, part, beta, noise, e, forward, len(part) / len(mine)))
     grad_norm = nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], tc.grad_clip)
     # the batch's terms: share-weighted means of the micro-batches' means (the largest kappa of any), and every flag
@@ -160,6 +160,7 @@ class Stepper(Protocol):
     def optimizer_state(self, n: int, step: int) -> list[dict]: "What run n's checkpoint saves."
     def load_optimizer_state(self, n: int, state: list[dict]) -> None: "Restore run n's optimizer states."
     def stop(self, n: int) -> None: "Take run n out after non-finite steps."
+    def finish(self) -> None: "Return once every process has finished the runs (rank 0 has written what it writes)."
 
 class OneRun:
     "The stepper of one run in one process: `train_step` with the run's optimizers."
@@ -173,12 +174,13 @@ class OneRun:
         run = self.runs[0]
         return [train_step(run, self.optimizers, step, run.kl_weight(step), run.config.train.lr_at(step), self.forward, *self.hooks())]
 
-    def hooks(self) -> tuple: return None, None  # the whole batch, this process's values: nothing to shard or reduce
+    def hooks(self) -> tuple: return None, None, None  # the whole batch, this process's values, one backward: nothing to shard, reduce or hold back
     def sync(self): "The run's own model is the one trained: nothing to copy."
     def optimizer_state(self, n: int, step: int) -> list[dict]: return [o.state_dict() for o in self.optimizers]
     def load_optimizer_state(self, n: int, state: list[dict]):
         for o, s in zip(self.optimizers, state, strict=True): o.load_state_dict(s)
     def stop(self, n: int): "A stopped run ends the loop (it is the only one)."
+    def finish(self): "One process: nothing to wait for."
 
 # %% ../nbs/10_train.ipynb #593a3759
 class _Replica:
@@ -205,7 +207,12 @@ class ShardedRun(OneRun):
         return [min(r[0] for r in every), min(r[1] for r in every),
                 *((max if k == "kappa_max" else statistics.fmean)([r[2 + i] for r in every]) for i, k in enumerate(terms)), host[-1]]
 
-    def hooks(self) -> tuple: return self.shard, self.reduce
+    def micro_batch(self, j: int, n: int):
+        "Micro-batch j of n: DistributedDataParallel all-reduces the gradients of the last one's backward only, once they have all accumulated."
+        return self.forward.ddp.no_sync() if j < n - 1 else contextlib.nullcontext()
+
+    def hooks(self) -> tuple: return self.shard, self.reduce, self.micro_batch
+    def finish(self): dist.barrier()  # no process leaves before rank 0 has written
 
 # %% ../nbs/10_train.ipynb #9750852b
 def _checkpoint(run: Run, optimizer_state: list[dict], step: int):
@@ -311,7 +318,7 @@ def _finals(runs: list[Run], s, stopped: dict, end: int) -> list:
         final = _evaluate_at(r, steps) if s.writes else {}
         if s.writes and end >= steps: atomic_write_json(r.dir.eval, {"c_ref": r.scale.to_dict(), **final})
         finals.append(final)
-    barrier(runs[0].world)  # no process leaves before rank 0 has written
+    s.finish()
     return finals
 
 # %% ../nbs/10_train.ipynb #545cbdc5
@@ -562,9 +569,11 @@ def run(run_dir: Path,                     # the run directory (made if absent; 
         base: str = "auto",                # 'auto' (the shipped base of the recipe, else trained here), 'train', or a shipped base's name
        ) -> dict:                          # the final held-out terms (also in eval.json)
     "A complete run of the task's small transformer in `run_dir`, on one process or each of torchrun's; rank 0 holds the directory (`exclusive_run_dir`) from before its first write to the last. A `metrics.json` already written (by this call's earlier run, or a sweep's record of the cell) is kept."
-    main = int(os.environ.get("RANK", "0")) == 0
-    with exclusive_run_dir(run_dir) if main else contextlib.nullcontext():
-        return _run(run_dir, config, device, progress and main, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard, base)
+    rank, world = torchrun_place()
+    with exclusive_run_dir(run_dir) if rank == 0 else contextlib.nullcontext():
+        final = _run(run_dir, config, device, progress and rank == 0, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard, base)
+    barrier(world)  # every process returns once rank 0 has written metrics.json: one that tears its process group down first can abort gloo's teardown
+    return final
 
 def _run(run_dir, config, device, progress, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard=None, base="auto") -> dict:
     bar = None
