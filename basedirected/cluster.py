@@ -136,8 +136,8 @@ def read_records(out: Path,         # a collected sweep's directory (or its refe
                 ) -> list[dict]:    # one record per run, in the file's order
     "A collection's records as its cells' `metrics.json` held them, as far as its files keep them: every scalar of `results.csv` (a value the run did not have is no key) and `gain_per_position` from `positions.csv`."
     out = Path(out)
-    if not (out / "results.csv").is_file(): raise FileNotFoundError(f"{out / 'results.csv'} not found: {out} holds no collected sweep")
-    with open(out / "results.csv", newline="") as f:
+    if not SweepDir(out).results.is_file(): raise FileNotFoundError(f"{SweepDir(out).results} not found: {out} holds no collected sweep")
+    with open(SweepDir(out).results, newline="") as f:
         records = [{k: x for k, v in row.items() if (x := _restored(v)) is not None} for row in csv.DictReader(f)]
     gains = {}
     if (out / "positions.csv").is_file():
@@ -158,7 +158,7 @@ def earlier_collection(out: Path,      # the sweep's output directory
     if theirs != preset:
         differ = [f.name for f in dataclasses.fields(Preset) if getattr(theirs, f.name) != getattr(preset, f.name)]
         raise ValueError(f"{earlier} is a collection of preset {theirs.name}, the sweep in {out} of preset {preset.name}: they differ in {', '.join(differ)}, so their cells cannot be merged")
-    gates = read_json(earlier / "base_gates.json") if (earlier / "base_gates.json").is_file() else {}
+    gates = SweepDir(earlier).gate_records()
     check_same_bases(out, gates, earlier)
     return {r["key"]: r for r in read_records(earlier)}, gates
 

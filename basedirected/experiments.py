@@ -331,6 +331,10 @@ class SweepDir:
     preset = property(lambda self: self.path / "preset.json")    # the grid and environment, written before any cell
     jobs = property(lambda self: self.path / "jobs.json")        # a cluster's job ids and logs per cell
     summary = property(lambda self: self.path / "summary.json")  # what ran, written with the tables
+    results = property(lambda self: self.path / "results.csv")   # one row per finished cell: every scalar of its metrics
+    curves = property(lambda self: self.path / "curves.csv")     # every finished cell's held-out curve over training
+    gates = property(lambda self: self.path / "base_gates.json") # the quality gate of every base its cells adapted from
+    def gate_records(self) -> dict: return read_json(self.gates) if self.gates.is_file() else {}  # by base directory name
 
 def base_dir(out: Path,   # the sweep's directory
              regime: str,  # the task (or visiting-order regime)
@@ -691,13 +695,13 @@ def earlier_cells(earlier: Path,  # an earlier collection of the sweep (a sweep 
                  ) -> tuple[set[str], dict]:  # its cells' keys, its bases' gates by directory name
     "The cells an earlier collection holds (the keys of its `results.csv`) and the gates of the bases it prepared (`base_gates.json`)."
     earlier = Path(earlier)
-    if not (earlier / "results.csv").is_file(): raise ValueError(f"{earlier / 'results.csv'} not found: {earlier} holds no collected sweep")
+    if not SweepDir(earlier).results.is_file(): raise ValueError(f"{SweepDir(earlier).results} not found: {earlier} holds no collected sweep")
     try:
-        with open(earlier / "results.csv", newline="", encoding="utf-8") as f: rows = list(csv.DictReader(f))
-    except UnicodeDecodeError: raise ValueError(f"{earlier / 'results.csv'} is not UTF-8 text: not a collection this package wrote") from None
-    if rows and "key" not in rows[0]: raise ValueError(f"{earlier / 'results.csv'} has no 'key' column: not a collection this package wrote")
+        with open(SweepDir(earlier).results, newline="", encoding="utf-8") as f: rows = list(csv.DictReader(f))
+    except UnicodeDecodeError: raise ValueError(f"{SweepDir(earlier).results} is not UTF-8 text: not a collection this package wrote") from None
+    if rows and "key" not in rows[0]: raise ValueError(f"{SweepDir(earlier).results} has no 'key' column: not a collection this package wrote")
     keys = {row["key"] for row in rows}
-    return keys, read_json(earlier / "base_gates.json") if (earlier / "base_gates.json").is_file() else {}
+    return keys, SweepDir(earlier).gate_records()
 
 def check_same_bases(out: Path,    # the sweep's directory
                      gates: dict,  # an earlier collection's base gates, by directory name

@@ -154,7 +154,7 @@ def write_results(out: Path,             # the sweep's output directory
                  ) -> None:
     "results.csv (every run), table.csv and table.md (aggregated over seeds), stats.csv/.md (paired differences) and success.csv, each written atomically."
     out = Path(out)
-    atomic_write_bytes(out / "results.csv", _csv_bytes(records, _scalar_columns(records)))
+    atomic_write_bytes(SweepDir(out).results, _csv_bytes(records, _scalar_columns(records)))
     rows = aggregate(records)
     atomic_write_bytes(out / "table.csv", _csv_bytes(rows, _scalar_columns(rows)))
     atomic_write_bytes(out / "table.md", markdown_table(rows, legend=TABLE_LEGEND).encode())
@@ -327,7 +327,7 @@ def _save(fig, out: Path, name: str):
 def read_results(out: Path,        # the sweep's output directory
                 ) -> list[dict]:  # one row per run
     "The rows of `out/results.csv`, numbers as floats, flags as bools and empty cells as None (a tau cell has no beta target, a beta cell no tau target)."
-    rows = list(csv.DictReader(open(Path(out) / "results.csv")))
+    rows = list(csv.DictReader(open(SweepDir(out).results)))
     for r in rows:
         for k, v in r.items():
             if v == "": r[k] = None; continue
@@ -434,7 +434,7 @@ def figure_escape(out: Path,              # the sweep's output directory, with i
     import matplotlib.pyplot as plt
     rows = {r["key"]: r for r in read_results(out) if r["regime"] == regime and r.get("latent") == "discrete" and (seed is None or r["seed"] == seed)}
     curves = {}
-    for c in csv.DictReader(open(Path(out) / "curves.csv")):
+    for c in csv.DictReader(open(SweepDir(out).curves)):
         if c["key"] in rows: curves.setdefault(c["key"], []).append((int(c["step"]), float(c["rate"])))
     panels = {}
     for key in curves: panels.setdefault((rows[key]["posterior"], _label(rows[key]).split(" [")[0]), []).append(key)
@@ -678,10 +678,10 @@ def write_base_gates(out: Path,              # the sweep's output directory
                     ) -> dict:  # each shared base's gate report, by directory name
     "`base_gates.json`: the quality gate of every shared base of the sweep (`bases/<task>-s<seed>/base_gate.json`), by directory name, and those of `earlier`'s `base_gates.json`."
     d = SweepDir(out).bases
-    gates = read_json(Path(earlier) / "base_gates.json") if earlier is not None else {}
+    gates = SweepDir(earlier).gate_records() if earlier is not None else {}
     if d.is_dir(): gates.update({p.name: read_json(p / "base_gate.json") for p in d.iterdir() if (p / "base_gate.json").is_file()})
     gates = dict(sorted(gates.items()))
-    atomic_write_json(Path(out) / "base_gates.json", gates)
+    atomic_write_json(SweepDir(out).gates, gates)
     return gates
 
 # %% ../nbs/12_reports.ipynb #ba097cee
@@ -694,7 +694,7 @@ def write_curves(out: Path,             # the sweep's output directory
     since the evaluation before: their mean gradient norm and the share of them clipped."""
     rows, before = [], {}
     if earlier is not None:
-        with open(Path(earlier) / "curves.csv", newline="") as f:
+        with open(SweepDir(earlier).curves, newline="") as f:
             for c in csv.DictReader(f): before.setdefault(c["key"], []).append(c)
     for r in records:
         if not SweepDir(out).run(r["key"]).log.is_file() and r["key"] in before: rows += before[r["key"]]; continue  # as the earlier collection wrote them
@@ -707,7 +707,7 @@ def write_curves(out: Path,             # the sweep's output directory
                          "grad_norm": sum(norms) / len(norms) if norms else None,
                          "clipped": sum(n > clip for n in norms) / len(norms) if norms else None})
             norms = []
-    atomic_write_bytes(Path(out) / "curves.csv", _csv_bytes(rows, ["key", "step", "rate", "loss", "recon", "alignment_posterior", "I_zs_norm", "grad_norm", "clipped"]))
+    atomic_write_bytes(SweepDir(out).curves, _csv_bytes(rows, ["key", "step", "rate", "loss", "recon", "alignment_posterior", "I_zs_norm", "grad_norm", "clipped"]))
     return rows
 
 # %% ../nbs/12_reports.ipynb #cb3c6180

@@ -35,7 +35,7 @@ def _earlier_summary(out: Path, preset, records: list[dict], earlier: Path) -> d
     "Which cells of `records` came from the earlier collection, and the revision and machine it was made on."
     here = {s.key for s in plan(preset) if finished(out, s)}
     return {"path": str(earlier), "cells": sum(r["key"] not in here for r in records),
-            "environment": read_json(earlier / "summary.json").get("environment") if (earlier / "summary.json").is_file() else None}
+            "environment": read_json(SweepDir(earlier).summary).get("environment") if SweepDir(earlier).summary.is_file() else None}
 
 def _run_sweep(a, out: Path, cluster: ClusterConfig, jobs: int, group_size: int) -> tuple[list[dict], list[str], dict | None]:
     "The finished records, the missing cells and the summary of what `repro_main` was asked to do (`--collect`, submitit or the pool)."
@@ -148,12 +148,12 @@ def _checked_args(p: argparse.ArgumentParser, a: argparse.Namespace,  # `repro_p
         if a.collect or cluster.executor != "pool": p.error("--only selects the cells this invocation trains: it needs --executor pool and no --collect")
         try: re.compile(a.only)
         except (re.error, OverflowError, RecursionError) as e: p.error(f"--only {a.only!r} is not a regular expression this package can use ({e})")
-    if a.earlier is not None and not (Path(a.earlier) / "results.csv").is_file(): p.error(f"--earlier {a.earlier}: no results.csv there (it must be a collected sweep)")
-    if a.earlier is not None and not (Path(a.earlier) / "base_gates.json").is_file(): p.error(f"--earlier {a.earlier}: no base_gates.json there (a collected sweep has one: the gates its cells' bases passed)")
+    if a.earlier is not None and not SweepDir(a.earlier).results.is_file(): p.error(f"--earlier {a.earlier}: no results.csv there (it must be a collected sweep)")
+    if a.earlier is not None and not SweepDir(a.earlier).gates.is_file(): p.error(f"--earlier {a.earlier}: no base_gates.json there (a collected sweep has one: the gates its cells' bases passed)")
     if a.earlier is not None:
         try: earlier_cells(Path(a.earlier))
         except ValueError as e: p.error(f"--earlier {e}")
-    if a.compare is not None and not (Path(a.compare) / "results.csv").is_file(): p.error(f"--compare {a.compare}: no results.csv there (it must be a collected sweep)")
+    if a.compare is not None and not SweepDir(a.compare).results.is_file(): p.error(f"--compare {a.compare}: no results.csv there (it must be a collected sweep)")
     if a.tensorboard is not None:
         if a.collect or cluster.executor != "pool": p.error("--tensorboard writes the events of the cells this invocation trains: it needs --executor pool and no --collect")
         if not a.tensorboard.strip(): p.error("--tensorboard must name a directory, got an empty string")
@@ -211,5 +211,5 @@ def _compare(out: Path, records: list[dict], reference: Path):
     rows = compare_collections(records, read_records(reference))
     cols = ["cell", "figure", "cells", "exact", "inside", "lo", "hi", "values"]
     atomic_write_bytes(out / "comparison.csv", ("\n".join([",".join(cols)] + [",".join(str(r[c]) for c in cols) for r in rows]) + "\n").encode())
-    cpu = lambda d: (read_json(d / "summary.json").get("environment", {}).get("cpu") if (d / "summary.json").is_file() else None) or "not recorded"
+    cpu = lambda d: (read_json(SweepDir(d).summary).get("environment", {}).get("cpu") if SweepDir(d).summary.is_file() else None) or "not recorded"
     print(f"against {reference} (made on: {cpu(reference)}; this collection: {cpu(out)}):\n" + comparison_text(rows))
