@@ -575,6 +575,7 @@ def run(run_dir: Path,                     # the run directory (made if absent; 
     barrier(world)  # every process returns once rank 0 has written metrics.json: one that tears its process group down first can abort gloo's teardown
     return final
 
+# %% ../nbs/10_train.ipynb #8ca0c64b
 def _run(run_dir, config, device, progress, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard=None, base="auto") -> dict:
     bar = None
     if progress:  # the plan first, then one bar for the whole run
