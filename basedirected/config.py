@@ -144,7 +144,7 @@ class MetricsConfig:
             if not isinstance(v, int) or v < 1: raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
 
 # %% ../nbs/09_config.ipynb #6fa3f090
-def check_run_config(c: RunConfig):  # the configuration being built
+def check_run_config(c):  # the RunConfig being built (its class is defined below, in the cell that calls this)
     "Refuse (`ValueError` naming the field) a `RunConfig` that cannot train: seeds, threads, sizes, names, and fields that contradict each other."
     for name in ("seed", "base_seed"):
         v = getattr(c, name)

@@ -43,7 +43,7 @@ __all__ = ['PRESETS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVAT
            'check_earlier_bases', 'execute']
 
 # %% ../nbs/11_experiments.ipynb #f6765ca6
-def check_preset(p: Preset):  # the preset being built
+def check_preset(p):  # the Preset being built (its class is defined below, in the cell that calls this)
     "Refuse (`ValueError` naming the preset) a grid that cannot run: no KL weights, evaluations beyond the steps, seeds given twice, a gate policy unknown."
     if not p.taus and not p.betas: raise ValueError(f"preset {p.name}: give taus or betas")
     if p.evals < 1 or p.cvae_steps < p.evals: raise ValueError(f"preset {p.name}: evals must lie in [1, cvae_steps]")

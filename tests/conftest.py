@@ -2,6 +2,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
+# pytest-xdist runs one worker per core (addopts: -n auto): each worker's torch takes one thread, else two workers' OpenMP
+# threads spin-wait on each other's cores (test_kill_9_during_training took 20 s in one fresh-clone run, 91 s in another); a test that
+# needs more threads sets them
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from hypothesis import settings
 
