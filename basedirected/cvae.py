@@ -364,16 +364,14 @@ def objective_terms(out: CVAEOutput,                  # a forward pass with its 
                     weights=None,                     # the batch's `loss_reference_weights`, if already computed
                    ) -> dict[str, torch.Tensor]:      # every term, 'kl', 'recon', 'loss' (and 'distill', 'coupling')
     "Every term, the KL and the loss of one forward pass (the objective in float32), with the distillation and coupling terms when present."
-    terms = objective(out.nll.float(), base_nll, mask, c_ref, out.kl, beta, loss,
-                      kl_for_loss=free_bits_kl(out.kl, out.kl_per_dim, free_bits, free_bits_mode), weights=weights)
-    if out.distill is not None:
-        terms["distill"] = out.distill.mean()
-        terms["loss"] = terms["loss"] + terms["distill"]
+    extras = {}  # name -> (weight, term), summed into the loss by `assemble_loss`, the one assembly of a run's and a group's loss
+    if out.distill is not None: extras["distill"] = (None, out.distill.mean())
     if out.coupling_nll is not None:  # E_q[-log c_psi(z|y)] - H(qbar) >= -I(z;y): trains c_psi, and q where q has parameters (amortized)
         qbar = out.q.mean(0)
-        terms["coupling"] = (out.q * out.coupling_nll).sum(-1).mean() + (qbar * qbar.clamp_min(1e-12).log()).sum()
-        terms["loss"] = terms["loss"] + out.coupling_weight * terms["coupling"]
-    return terms
+        extras["coupling"] = (out.coupling_weight, (out.q * out.coupling_nll).sum(-1).mean() + (qbar * qbar.clamp_min(1e-12).log()).sum())
+    terms = objective(out.nll.float(), base_nll, mask, c_ref, out.kl, beta, loss, extras=tuple(extras.values()),
+                      kl_for_loss=free_bits_kl(out.kl, out.kl_per_dim, free_bits, free_bits_mode), weights=weights)
+    return {**terms, **{name: term for name, (_, term) in extras.items()}}
 
 # %% ../nbs/07_cvae.ipynb #f59e27d8
 def router_logits(model: DiscreteCVAE,      # a discrete CVAE

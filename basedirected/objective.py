@@ -16,9 +16,9 @@ from .weights import GAMMA_CEILING_WHY, MAX_GAMMA, ReferenceWeights, reference_w
 
 # %% auto #0
 __all__ = ['LOSS_PRESETS', 'BETA_SCHEDULES', 'OBJECTIVE_NAMES', 'ORIGINAL_FLAG_ALIASES', 'ReconstructionLossConfig',
-           'BetaSchedule', 'free_bits_kl', 'Objective', 'objectives', 'objective', 'j_theta', 'j_celbo',
-           'loss_reference_weights', 'term_token_weights', 'loss_token_weights', 'OriginalFlag', 'demo_batch',
-           'demo_main']
+           'BetaSchedule', 'free_bits_kl', 'Objective', 'objectives', 'assemble_loss', 'objective', 'j_theta',
+           'j_celbo', 'loss_reference_weights', 'term_token_weights', 'loss_token_weights', 'OriginalFlag',
+           'demo_batch', 'demo_main']
 
 # %% ../nbs/04_objective.ipynb #4dd74166
 class _LossPresets:
@@ -162,6 +162,16 @@ def _checked_kl(kl: torch.Tensor) -> torch.Tensor:
             raise ValueError(f"kl must be >= 0 (a KL divergence), got {kl.detach().min().item():.3g}")
     return kl
 
+def assemble_loss(recon: torch.Tensor,       # sum_k lambda_k R_k of the batch, a scalar
+                  kl_in_loss: torch.Tensor,  # the KL that enters the loss (its free-bits floor applied), a scalar
+                  beta,                      # the KL weight beta (a float; under vmap, each run's)
+                  extras=(),                 # (weight, term) pairs added after it, weight None for 1: an extension's terms (distillation, coupling)
+                 ) -> torch.Tensor:          # the training loss, a scalar
+    "The training loss $\\sum_k \\lambda_k R_k + \\beta\\,\\mathrm{KL}$ and any extension's terms, summed here once: for one run (`objective`) and, under vmap, for each run of a group. It checks nothing (vmap cannot read values): its callers check first."
+    loss = recon + beta * kl_in_loss
+    for weight, term in extras: loss = loss + (term if weight is None else weight * term)
+    return loss
+
 def objective(nll: torch.Tensor,       # E_q[l_t], (B, T) response coordinates
               base_nll: torch.Tensor,  # frozen-base surprisal b_t, (B, T)
               mask: torch.Tensor,      # 0/1 over response tokens, (B, T)
@@ -171,8 +181,9 @@ def objective(nll: torch.Tensor,       # E_q[l_t], (B, T) response coordinates
               config: ReconstructionLossConfig,  # the lambda stack and token-weight hyperparameters
               kl_for_loss: torch.Tensor | None = None,  # KL that enters the loss instead of `kl` (free bits)
               weights: ReferenceWeights | None = None,  # `loss_reference_weights` of this batch, if already computed
+              extras=(),               # (weight, term) pairs the loss adds after beta KL (`assemble_loss`): an extension's terms
              ) -> dict[str, torch.Tensor]:  # every term, 'kl', 'recon' and 'loss'
-    "Training loss $\\sum_k \\lambda_k R_k + \\beta\\,\\mathrm{KL}$ and every term for logging."
+    "Training loss $\\sum_k \\lambda_k R_k + \\beta\\,\\mathrm{KL}$ (with `extras`, `assemble_loss`) and every term for logging."
     beta = check_nonnegative(beta, "beta")
     if kl.dim() != 1 or kl.shape[0] != nll.shape[0]: raise ValueError(f"kl must have shape ({nll.shape[0]},), got {tuple(kl.shape)}")
     _checked_kl(kl)
@@ -182,7 +193,7 @@ def objective(nll: torch.Tensor,       # E_q[l_t], (B, T) response coordinates
                                  mean_one_lambda=config.mean_one_lambda, weights=weights)
     recon = config.combine(terms)
     kl_loss = (kl if kl_for_loss is None else kl_for_loss).mean()
-    return {**terms, "kl": kl.mean(), "recon": recon, "loss": recon + beta * kl_loss}
+    return {**terms, "kl": kl.mean(), "recon": recon, "loss": assemble_loss(recon, kl_loss, beta, extras)}
 
 # %% ../nbs/04_objective.ipynb #36635323
 def j_theta(terms: dict[str, torch.Tensor],  # `reconstruction_terms` of the batch (its 'theta' is R_theta, scalar)
