@@ -18,10 +18,11 @@ from pathlib import Path
 
 import torch
 
-from .experiments import (PRESETS, Preset, RunSpec, check_base_gate, check_same_bases, check_sweep_dir, clear_held_cells, finished, finished_record, plan,
+from .experiments import (PRESETS, Preset, RunSpec, check_base_gate, check_same_bases, check_sweep_dir, clear_held_cells, current_names, finished, finished_record, plan,
                                       prepare_shared_base, record_preset, run_pack, selected_bases, skipped_cells, SweepDir)
 from .groups import pack_groups
 from .model import ModelConfig
+from .config import coordinate_name, coordinates
 from .runs import RunDir, atomic_write_json, check_writable, read_json
 
 # %% auto #0
@@ -103,6 +104,14 @@ def _tuples(x):
     if isinstance(x, dict): return {k: (ModelConfig(**v) if k == "model" and isinstance(v, dict) else _tuples(v)) for k, v in x.items()}
     return x
 
+def _knobs_from_fields(record: dict) -> dict:
+    "A preset.json written while each coordinate was a field of `Preset` (grad_clip, lr, ..., coupling_reader): each one given becomes its knob, in the preset and in its arms."
+    legacy = {coordinate_name(p): p for p in coordinates()}
+    if not any(k in legacy for k in record) and not any(k in legacy for arm in record.get("arms") or () if isinstance(arm, dict) for k in arm): return record
+    knobs = {**(record.get("knobs") or {}), **{legacy[k]: v for k, v in record.items() if k in legacy and v is not None}}
+    arms = [{legacy.get(k, k): v for k, v in arm.items()} if isinstance(arm, dict) else arm for arm in record.get("arms") or ()]
+    return {**{k: v for k, v in record.items() if k not in legacy}, "knobs": knobs, **({"arms": arms} if "arms" in record else {})}
+
 def preset_from_record(out: Path,  # a sweep directory, holding its preset.json
                       ) -> Preset:  # the preset, equal to the one recorded
     "The preset a sweep directory was made with, rebuilt from its `preset.json`; a field it lacks (one `Preset` gained since) takes its default."
@@ -110,6 +119,7 @@ def preset_from_record(out: Path,  # a sweep directory, holding its preset.json
     if not path.is_file(): raise FileNotFoundError(f"{path} not found: {out} is not a sweep directory (basedirected-repro writes preset.json first)")
     record = read_json(path).get("preset")
     if not isinstance(record, dict): raise ValueError(f"{path} holds no preset; it is damaged: rerun the sweep with its --preset to write it again")
+    record = _knobs_from_fields(record)
     names = {f.name for f in dataclasses.fields(Preset)}
     defaults = json.loads(json.dumps({f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory() for f in dataclasses.fields(Preset)
                                       if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}))
@@ -134,11 +144,11 @@ def _restored(v: str):
 
 def read_records(out: Path,         # a collected sweep's directory (or its reference copy)
                 ) -> list[dict]:    # one record per run, in the file's order
-    "A collection's records as its cells' `metrics.json` held them, as far as its files keep them: every scalar of `results.csv` (a value the run did not have is no key) and `gain_per_position` from `positions.csv`."
+    "A collection's records as its cells' `metrics.json` held them (in today's names, `current_names`), as far as its files keep them: every scalar of `results.csv` (a value the run did not have is no key) and `gain_per_position` from `positions.csv`."
     out = Path(out)
     if not SweepDir(out).results.is_file(): raise FileNotFoundError(f"{SweepDir(out).results} not found: {out} holds no collected sweep")
     with open(SweepDir(out).results, newline="") as f:
-        records = [{k: x for k, v in row.items() if (x := _restored(v)) is not None} for row in csv.DictReader(f)]
+        records = [current_names({k: x for k, v in row.items() if (x := _restored(v)) is not None}) for row in csv.DictReader(f)]
     gains = {}
     if (out / "positions.csv").is_file():
         with open(out / "positions.csv", newline="") as f:

@@ -34,8 +34,9 @@ __all__ = ['LR_SCHEDULES', 'MAX_LR', 'MAX_KL_WEIGHT', 'ADAPT_MODES', 'OPTIMIZERS
            'TrainConfig', 'objective_mismatch', 'check_objective_name', 'MetricsConfig', 'check_run_config',
            'RunConfig', 'AdaptConfig', 'HFRunConfig', 'rename_fields', 'apply_overrides', 'recipe_overrides',
            'objective_training', 'pretrained_overrides', 'default_changes', 'resolve_config', 'resolve_hf_config',
-           'field_comments', 'add_dataclass_options', 'dataclass_from_args', 'Option', 'option_help', 'OneLineParser',
-           'build_parser', 'base_choice', 'config_from_args', 'hf_config_from_args', 'command_argv']
+           'field_comments', 'add_dataclass_options', 'dataclass_from_args', 'Coordinate', 'Option', 'option_help',
+           'OneLineParser', 'build_parser', 'coordinates', 'coordinate_name', 'coordinate_key', 'coordinate_record',
+           'coordinate_label', 'base_choice', 'config_from_args', 'hf_config_from_args', 'command_argv']
 
 # %% ../nbs/09_config.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
@@ -495,6 +496,13 @@ def dataclass_from_args(cls,    # the dataclass `add_dataclass_options` read
 BACKBONES = ("tiny", "hf")  # the task's small transformer; a Hugging Face causal LM on disk (--backbone)
 
 @dataclass(frozen=True)
+class Coordinate:
+    "How an option a sweep sets beyond its grid is written: its part of a cell's key, its record column (the field's name) and its words in a table."
+    key: str                     # its part of a cell's key, a format of the value: 'clip{:g}' writes '-clip1e+06'
+    label: str                   # its words in a table's label where it is not the default, a format of the value: ' clip {:g}'
+    record_default: bool = True  # False: a record holds it only where it is not the default (older collections' records lack it: theirs stay the same cells)
+
+@dataclass(frozen=True)
 class Option:
     "One option of `basedirected-train`: its flag, the configuration field it sets, and where it applies."
     flag: str
@@ -507,6 +515,7 @@ class Option:
     backbones: tuple[str, ...] = BACKBONES # the backbones it applies to
     note: str = ""                         # appended to the help: what decides a default the field does not show
     negates: bool = False                  # a switch that sets its boolean field to False (the field's default is True)
+    coordinate: Coordinate | None = None   # set: a sweep may vary it (a preset's knob); how cells' keys, records and tables name it
 
     @property
     def dest(self) -> str: return self.flag.lstrip("-").replace("-", "_")
@@ -585,10 +594,11 @@ OBJECTIVE_OPTIONS: tuple[Option, ...] = (  # the latent, the objective and its K
     Option("--latent", "cvae.latent", "latent", choices=("discrete", "continuous")),
     Option("--K", "cvae.K", "latent", default=None, type=int, note=f"(default: the task's number of strategies; with --backbone: {CVAEConfig().K})"),
     Option("--latent-dim", "cvae.latent_dim", "latent", backbones=_TINY),
-    Option("--code-init-noise", "cvae.code_init_noise", "latent"),
-    Option("--router", "cvae.router", "latent", choices=("input", "marginal"), backbones=_TINY),
-    Option("--coupling", "cvae.coupling", "latent", backbones=_TINY),
-    Option("--coupling-reader", "cvae.coupling_reader", "latent", choices=COUPLING_READERS, backbones=_TINY),
+    Option("--code-init-noise", "cvae.code_init_noise", "latent", coordinate=Coordinate("noise{:g}", " noise {:g}")),
+    Option("--router", "cvae.router", "latent", choices=("input", "marginal"), backbones=_TINY, coordinate=Coordinate("{}", " {}")),
+    Option("--coupling", "cvae.coupling", "latent", backbones=_TINY, coordinate=Coordinate("coupling{:g}", " coupling {:g}")),
+    Option("--coupling-reader", "cvae.coupling_reader", "latent", choices=COUPLING_READERS, backbones=_TINY,
+           coordinate=Coordinate("{}", " {} reader", record_default=False)),
     Option("--posterior", "cvae.posterior", "latent", choices=("amortized", "exact", "exact+distill"), default=None, type=str,
            note=f"(default: {DEFAULT_RUN['cvae.posterior']}; with --backbone: {CVAEConfig().posterior})"),
     Option("--allow-inert", None, "latent", "allow --K 1, whose discrete latent is inert by construction (a control)", default=False),
@@ -616,12 +626,12 @@ TRAINING_OPTIONS: tuple[Option, ...] = (  # c_theta, optimisation and the metric
     Option("--recompute-reference", "train.recompute_reference", "reference"),
     Option("--steps", "train.steps", "training", default=None, type=int, note=f"(default {DEFAULT_RUN['train.steps']}; with --backbone: {TrainConfig().steps})"),
     Option("--batch-size", "train.batch_size", "training"),
-    Option("--lr", "train.lr", "training"),
-    Option("--lr-schedule", "train.lr_schedule", "training", choices=LR_SCHEDULES),
+    Option("--lr", "train.lr", "training", coordinate=Coordinate("lr{:g}", " lr {:g}")),
+    Option("--lr-schedule", "train.lr_schedule", "training", choices=LR_SCHEDULES, coordinate=Coordinate("{}", " {}")),
     Option("--lr-min-ratio", "train.lr_min_ratio", "training"),
     Option("--warmup-steps", "train.warmup_steps", "training"),
     Option("--weight-decay", "train.weight_decay", "training"),
-    Option("--grad-clip", "train.grad_clip", "training"),
+    Option("--grad-clip", "train.grad_clip", "training", coordinate=Coordinate("clip{:g}", " clip {:g}")),
     Option("--eval-every", "train.eval_every", "training"),
     Option("--checkpoint-every", "train.checkpoint_every", "training"),
     Option("--max-nonfinite-steps", "train.max_nonfinite_steps", "training"),
@@ -713,6 +723,37 @@ def build_parser(prog: str = "basedirected-train",  # the command's name in its 
     for flag, f in ORIGINAL_FLAG_ALIASES.items():
         if f.switch: groups["objective"].add_argument(flag, dest=flag.lstrip("-").replace("-", "_"), action="store_true", help="original flag: " + f.meaning)
     return p
+
+# %% ../nbs/09_config.ipynb #c12f7e9f
+def coordinates(options: tuple[Option, ...] | None = None,  # the option rows (None: OPTIONS, read when called)
+               ) -> dict[str, Option]:                      # configuration path -> its row, in the rows' order (a key's order)
+    "The options a sweep may set beyond its grid: the rows that carry a `Coordinate`."
+    return {o.path: o for o in (OPTIONS if options is None else options) if o.coordinate is not None}
+
+def coordinate_name(path: str) -> str:
+    "A coordinate's column in a record, `results.csv` and a report's grouping: its field's name."
+    return path.rsplit(".", 1)[-1]
+
+def _default_at(o: Option): return _field(_config_of(o), o.path)
+
+def coordinate_key(knobs: dict[str, object],  # configuration path -> value: what a preset sets beyond its grid
+                  ) -> str:                    # e.g. '-clip1e+06-lr0.0003'
+    "A cell's key part for the coordinates `knobs` sets, in the rows' order; a path that is no coordinate is refused by name."
+    rows = coordinates()
+    if unknown := [p for p in knobs if p not in rows]:
+        raise ValueError(f"{', '.join(unknown)}: not a coordinate a sweep may set (one of {', '.join(rows)}; a new one is an option row with a Coordinate)")
+    return "".join("-" + rows[p].coordinate.key.format(knobs[p]) for p in rows if p in knobs)
+
+def coordinate_record(config) -> dict[str, object]:  # a RunConfig
+    "A cell's coordinates as its record holds them: each one's value in `config`, by its column name."
+    values = {p: _field(config, p) for p in coordinates()}
+    return {coordinate_name(p): v for p, v in values.items() if coordinates()[p].coordinate.record_default or v != _default_at(coordinates()[p])}
+
+def coordinate_label(record: dict) -> str:  # a run's record (or a row of results.csv)
+    "The words a table adds to a record's label for its coordinates that are not their defaults (' clip 1e+06 marginal'); a record from before a coordinate existed has none."
+    rows = coordinates()
+    return "".join(o.coordinate.label.format(v) for p, o in rows.items()
+                   if (v := record.get(coordinate_name(p))) is not None and v != _default_at(o))
 
 # %% ../nbs/09_config.ipynb #6f3af1a0
 _LEAF_FLAGS = {**{o.path.rsplit(".", 1)[-1]: o.flag for o in OPTIONS if o.path}, "prior": "--prior", "tie_fraction": "--tie-fraction"}

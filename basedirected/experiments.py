@@ -18,7 +18,7 @@ import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,19 +28,19 @@ from .model import ModelConfig
 from .objective import OBJECTIVE_NAMES, objectives
 from .pretrained import BASE_FILES
 from .runs import RunDir, atomic_write_bytes, atomic_write_json, base_source, check_writable, environment_record, exclusive_run_dir, check_gate_record, file_lock, load_base, load_checkpoint, prepare_base, use_numerics, prepare_gate, prepare_reference_scale, prepare_run, read_json, remove_temporaries, resolve_device, run_vocab, write_command
-from .config import RunConfig, command_argv, resolve_config
+from .config import RunConfig, command_argv, coordinate_key, coordinate_record, coordinates, resolve_config
 from .tasks import Task, make_splits
 from .train import BaseGateError, complete, train_run
 from .groups import pack_groups, train_group
 
 # %% auto #0
 __all__ = ['PRESETS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVATION', 'CUDA_CONTEXT_GIB', 'check_preset',
-           'Preset', 'RunSpec', 'cell_overrides', 'plan', 'plan_cost', 'SweepDir', 'base_dir', 'lock_path',
+           'with_arm', 'Preset', 'RunSpec', 'cell_overrides', 'plan', 'plan_cost', 'SweepDir', 'base_dir', 'lock_path',
            'prepare_shared_base', 'check_base_gate', 'select_bases', 'selected_bases', 'skipped_cells', 'clear_cells',
-           'finished_record', 'finished', 'check_sweep_dir', 'record_preset', 'cell_locks', 'clear_held_cells',
-           'run_cell', 'run_group_cells', 'run_pack', 'die_with_parent', 'pack_memory_gib', 'DevicePlacer',
-           'cuda_budgets_gib', 'run_placed', 'copy_bases', 'seed_bases', 'earlier_cells', 'check_same_bases',
-           'check_earlier_bases', 'execute']
+           'finished_record', 'finished', 'check_sweep_dir', 'record_preset', 'current_names', 'cell_locks',
+           'clear_held_cells', 'run_cell', 'run_group_cells', 'run_pack', 'die_with_parent', 'pack_memory_gib',
+           'DevicePlacer', 'cuda_budgets_gib', 'run_placed', 'copy_bases', 'seed_bases', 'earlier_cells',
+           'check_same_bases', 'check_earlier_bases', 'execute']
 
 # %% ../nbs/11_experiments.ipynb #f6765ca6
 def check_preset(p):  # the Preset being built (its class is defined below, in the cell that calls this)
@@ -52,6 +52,17 @@ def check_preset(p):  # the Preset being built (its class is defined below, in t
     if p.failed_bases not in ("refuse", "skip"): raise ValueError(f"preset {p.name}: failed_bases must be 'refuse' or 'skip', got {p.failed_bases!r}")
     if p.bases_needed is not None and not (p.base_seeds and p.failed_bases == "skip" and 1 <= p.bases_needed <= len(p.base_seeds)):
         raise ValueError(f"preset {p.name}: bases_needed needs base_seeds, failed_bases='skip' and a value in [1, {len(p.base_seeds)}], got {p.bases_needed}")
+    if unset := [k for k, v in p.knobs.items() if v is None]: raise ValueError(f"preset {p.name}: knobs {', '.join(unset)} have no value (an arm unsets one with None)")
+    try: coordinate_key(p.knobs)
+    except ValueError as e: raise ValueError(f"preset {p.name}: {e}") from None
+    for arm in p.arms: with_arm(p, arm)  # each arm is a preset, checked as one
+
+def with_arm(preset,       # a Preset
+             arm: dict,    # field overrides; a configuration path sets a knob, or with None unsets it
+            ):             # the arm's Preset, without arms
+    "The preset an arm of `preset` describes: its fields replaced, its configuration paths set (or unset) among the knobs."
+    knobs = {**preset.knobs, **{k: v for k, v in arm.items() if "." in k}}
+    return dataclasses.replace(preset, arms=(), knobs={k: v for k, v in knobs.items() if v is not None}, **{k: v for k, v in arm.items() if "." not in k})
 
 # %% ../nbs/11_experiments.ipynb #7ef9c87a
 @dataclass(frozen=True)
@@ -79,16 +90,12 @@ class Preset:
     cvae_steps: int = 300
     evals: int = 3                       # held-out evaluations (and checkpoints) per run: the escape curve's points
     batch_size: int = 32
-    grad_clip: float | None = None       # gradient-norm clipping of every run (--grad-clip; None: TrainConfig's); 1e6 leaves none in effect
-    lr: float | None = None              # the CVAE's learning rate (--lr; None: TrainConfig's)
-    lr_schedule: str | None = None       # 'cosine' or 'constant' after the warm-up (--lr-schedule; None: TrainConfig's)
-    code_init_noise: float | None = None # the code embeddings' initialization noise (--code-init-noise)
-    router: str | None = None            # 'input' r(z|x) or 'marginal' r(z) (--router; None: CVAEConfig's)
-    coupling: float | None = None        # the coupling term's rho, an extension beyond the seeds (--coupling; None: off)
-    coupling_reader: str | None = None   # what its classifier reads of the response, 'bag' or 'ordered' (--coupling-reader; None: CVAEConfig's)
+    knobs: dict = field(default_factory=dict)  # options set beyond the grid, configuration path -> value ({"train.grad_clip": 1e6}):
+                                         # each a coordinate (notebook 09), which names the cells' keys, records and tables
     Ks: tuple[int, ...] = (3,)           # discrete codes
     posteriors: tuple[str, ...] = ("exact",)  # discrete posterior arms (continuous runs are always amortized)
-    arms: tuple[dict, ...] = ()          # extra sub-grids: field overrides of this preset (e.g. an amortized arm)
+    arms: tuple[dict, ...] = ()          # extra sub-grids: field overrides of this preset (e.g. an amortized arm); a configuration
+                                         # path sets a knob ({"train.lr": 3e-4}), or with None unsets it
     c_samples: int = 2000
     n_routed: int = 256                  # metrics: router samples (answer and valid rates)
     n_forced: int = 64                   # metrics: inputs under each forced code (controlled alignment)
@@ -121,7 +128,7 @@ PRESETS = {
                        "J_theta, dist and the cELBO at tau 0.07 on sorting with the study's gradient clipping and without any, on grid "
                        "pathfinding with it (10 seeds each), and the amortized posterior on sorting for 2,000 steps (3 seeds)",
                        taus=(0.07,), seeds=tuple(range(10)), base_seed=0, evals=6, regimes=("sorting",),
-                       arms=({"grad_clip": 1e6},
+                       arms=({"train.grad_clip": 1e6},
                              # grid pathfinding's bases of data seeds 0 and 1 fail the gate on the machine of the reference run (valid
                              # traces 0.942 and 0.938 < 0.95), where seed 0 passed on the study's; seed 2 passes (0.994): its base is the arm's
                              {"regimes": ("grid_pathfinding",), "base_seed": 2},
@@ -152,7 +159,7 @@ PRESETS.update({
                       arms=({"regimes": ("grid_pathfinding",), "base_seeds": tuple(range(2, 12)), "alpha_gamma": ((0.5, 1.0),), "cvae_steps": 500},
                             {"regimes": ("addition",), "base_seeds": (0, 1, 2, 3), "bases_needed": 2, "alpha_gamma": ((0.5, 1.0),), "cvae_steps": 800},
                             {"regimes": ("grid_pathfinding",), "base_seeds": (2,), "bases_needed": 1, "objectives": ("theta",),
-                             "alpha_gamma": ((0.5, 1.0),), "cvae_steps": 500, "lr": 3e-4})),
+                             "alpha_gamma": ((0.5, 1.0),), "cvae_steps": 500, "train.lr": 3e-4})),
     # what makes z name the strategy (its reference run is still to be made): the symmetry breakers of notebook 07a on the first gated base of
     # each task, past the settled run lengths, beside the settled preset's runs (their baseline: rho 0, noise 0.02, K = 3, r(z|x)).
     # The coupling term at rho 1 and 3 (reference/coupling-pilot: 1 named the strategy on one grid run, 10 followed surface features),
@@ -162,17 +169,17 @@ PRESETS.update({
     "meaning": Preset("meaning", ("theta", "dist", "celbo"), "what makes z name the strategy: the coupling term (rho 1, 3), the code "
                       "embeddings' initialization noise, a spare code and the marginal router, on the first gated base of each task, "
                       "past the settled run lengths", taus=(0.07,), seeds=tuple(range(5)), base_seeds=tuple(range(5)), bases_needed=1,
-                      failed_bases="skip", regimes=("sorting",), cvae_steps=700, evals=10, coupling=1.0,
+                      failed_bases="skip", regimes=("sorting",), cvae_steps=700, evals=10, knobs={"cvae.coupling": 1.0},
                       arms=({"regimes": ("grid_pathfinding",), "base_seeds": tuple(range(2, 12)), "cvae_steps": 500, "seeds": tuple(range(10))},
                             {"regimes": ("addition",), "base_seeds": tuple(range(4)), "cvae_steps": 800},
                             {"regimes": ("grid_pathfinding",), "base_seeds": tuple(range(2, 12)), "cvae_steps": 500, "objectives": ("theta", "celbo"),
-                             "coupling": 3.0},
-                            *({"regimes": (task,), "base_seeds": seeds, "cvae_steps": steps, "objectives": objs, "coupling": None, **mechanism}
+                             "cvae.coupling": 3.0},
+                            *({"regimes": (task,), "base_seeds": seeds, "cvae_steps": steps, "objectives": objs, "cvae.coupling": None, **mechanism}
                               for task, seeds, steps in (("grid_pathfinding", tuple(range(2, 12)), 500), ("addition", tuple(range(4)), 800))
-                              for mechanism, objs in (({"code_init_noise": 1.0}, ("theta", "celbo") if task == "grid_pathfinding" else ("theta",)),
+                              for mechanism, objs in (({"cvae.code_init_noise": 1.0}, ("theta", "celbo") if task == "grid_pathfinding" else ("theta",)),
                                                       ({"Ks": (4,)}, ("theta",)))),
                             {"regimes": ("grid_pathfinding",), "base_seeds": tuple(range(2, 12)), "cvae_steps": 500, "objectives": ("theta",),
-                             "coupling": None, "router": "marginal"})),
+                             "cvae.coupling": None, "cvae.router": "marginal"})),
     # the coupling term with a classifier that reads the response's order (notebook 07: the bag reader the meaning preset ran with sees only
     # token counts and the length), on the meaning preset's grid pathfinding base (its --bases), where the bag reader read the strategy least
     # of the tasks whose codes were relabelled; J_theta and the cELBO at rho 1, J_theta without the term as the control, 10 seeds each
@@ -184,7 +191,8 @@ PRESETS.update({
     "reader": Preset("reader", ("theta", "celbo"), "the coupling term with an order-reading classifier on grid pathfinding: J_theta and the cELBO "
                      "at rho 1, J_theta without the term as the control, 10 seeds on the meaning preset's grid base", taus=(0.07,), seeds=tuple(range(10)),
                      base_seeds=tuple(range(2, 12)), bases_needed=1, failed_bases="skip", regimes=("grid_pathfinding",), cvae_steps=500, evals=10,
-                     coupling=1.0, coupling_reader="ordered", arms=({"objectives": ("theta",), "coupling": None, "coupling_reader": None},)),
+                     knobs={"cvae.coupling": 1.0, "cvae.coupling_reader": "ordered"},
+                     arms=({"objectives": ("theta",), "cvae.coupling": None, "cvae.coupling_reader": None},)),
     # the coupling term against the marginal router r(z), on the meaning preset's grid base and seeds (page 13e): against r(z|x) a code
     # that is a function of the input costs no KL and reaches the term's floor, -lambda log K; against r(z) it pays beta log K in KL, so at
     # rho 1 it no longer beats the inert start and loses to the strategy code by that code's reconstruction gain. Predicted before it ran:
@@ -192,7 +200,7 @@ PRESETS.update({
     "shortcut": Preset("shortcut", ("theta", "celbo"), "the coupling term against the marginal router r(z), which makes a code that is a "
                        "function of the input pay in KL: J_theta and the cELBO at rho 1, 10 seeds on the meaning preset's grid base",
                        taus=(0.07,), seeds=tuple(range(10)), base_seeds=tuple(range(2, 12)), bases_needed=1, failed_bases="skip",
-                       regimes=("grid_pathfinding",), cvae_steps=500, evals=10, coupling=1.0, router="marginal"),
+                       regimes=("grid_pathfinding",), cvae_steps=500, evals=10, knobs={"cvae.coupling": 1.0, "cvae.router": "marginal"}),
     # J_theta without any symmetry breaker (rho 0, noise 0.02, K = 3, r(z|x)) on the meaning preset's addition base and seeds: the
     # baseline its addition cells lack (its named baseline is the settled study's, on other bases). It asks whether the coupled J_theta
     # runs' merges and relabellings on addition (page 13e: the term's optimum cannot tell one labelling from another where y shows x)
@@ -255,28 +263,15 @@ def cell_overrides(preset: Preset,              # the sweep's sizes
     o.update({"n_eval": preset.n_eval, "cvae.K": K, "cvae.posterior": posterior, "c_samples": preset.c_samples, "train.steps": preset.cvae_steps,
               "train.batch_size": preset.batch_size, "train.eval_every": every, "train.checkpoint_every": every, "metrics.n_routed": preset.n_routed,
               "metrics.n_forced": preset.n_forced, "threads": preset.threads})
-    for name, path in (("grad_clip", "train.grad_clip"), ("lr", "train.lr"), ("lr_schedule", "train.lr_schedule"),
-                       ("code_init_noise", "cvae.code_init_noise"), ("router", "cvae.router"), ("coupling", "cvae.coupling"),
-                       ("coupling_reader", "cvae.coupling_reader")):
-        if getattr(preset, name) is not None: o[path] = getattr(preset, name)
-    return o
+    return {**o, **{p: preset.knobs[p] for p in coordinates() if p in preset.knobs}}  # the rows' order: a cell's command is written as it was
 
 # %% ../nbs/11_experiments.ipynb #ae11107a
 def plan(preset: Preset,  # a preset (its grid and arms)
         ) -> list[RunSpec]:
     "Every run of `preset` (its grid, then each arm's), in a stable order."
     specs = _grid(preset)
-    for arm in preset.arms: specs += [s for s in _grid(dataclasses.replace(preset, arms=(), **arm)) if s.key not in {t.key for t in specs}]
+    for arm in preset.arms: specs += [s for s in _grid(with_arm(preset, arm)) if s.key not in {t.key for t in specs}]
     return specs
-
-# %% ../nbs/11_experiments.ipynb #e5ef1ef4
-def _options_tag(preset: Preset) -> str:
-    "The part of a cell's key naming the options a preset sets beyond the grid: clipping, learning rate and its schedule, the latent's mechanisms."
-    return (("" if preset.grad_clip is None else f"-clip{preset.grad_clip:g}") + ("" if preset.lr is None else f"-lr{preset.lr:g}")
-            + ("" if preset.lr_schedule is None else f"-{preset.lr_schedule}")
-            + ("" if preset.code_init_noise is None else f"-noise{preset.code_init_noise:g}")
-            + ("" if preset.router is None else f"-{preset.router}") + ("" if preset.coupling is None else f"-coupling{preset.coupling:g}")
-            + ("" if preset.coupling_reader is None else f"-{preset.coupling_reader}"))
 
 # %% ../nbs/11_experiments.ipynb #2ff6a05a
 def _grid(preset: Preset) -> list[RunSpec]:
@@ -293,7 +288,7 @@ def _grid(preset: Preset) -> list[RunSpec]:
                     shared = preset.shared_prefix and latent == "discrete"
                     argv = command_argv(task, named, name, alpha, gamma, changes, flags + ["--shared-prefix"] * shared)
                     tag = f"_a{alpha}_g{gamma}" if name == "theta" else ""
-                    key = f"{regime}-{latent}-{posterior}-K{K}-{name}{tag}-{axis[0]}{w}{_options_tag(preset)}{'' if base is None else f'-base{base}'}-s{seed}"
+                    key = f"{regime}-{latent}-{posterior}-K{K}-{name}{tag}-{axis[0]}{w}{coordinate_key(preset.knobs)}{'' if base is None else f'-base{base}'}-s{seed}"
                     specs.append(RunSpec(key, name, beta, tau, seed, regime, latent, alpha, gamma, posterior, K, tuple(argv),
                                          resolve_config(task, name, changes, alpha, gamma, named), shared, preset.bases_needed))
     return specs
@@ -441,7 +436,7 @@ def finished_record(out: Path,      # the sweep's directory
     if record.get("key") != spec.key: return None  # another writer's record (basedirected-train on the cell's command.txt): the sweep writes its own
     if rd.checkpoint.exists() and not isinstance(load_checkpoint(rd.checkpoint).get("model"), dict):  # load_checkpoint names an unreadable file
         raise ValueError(f"{rd.checkpoint} holds no model; delete it or rerun with --force")
-    return record
+    return current_names(record)
 
 def finished(out: Path,      # the sweep's directory
              spec: RunSpec,  # one of its cells
@@ -497,11 +492,22 @@ def _with_options(run, spec: RunSpec):
 def _cell_record(spec: RunSpec, run, final: dict, seconds: float) -> dict:
     "Every metric of a trained cell with the cell's coordinates, written by `complete` (the cell's own names, e.g. its objective's grid label, win)."
     return complete(run, final, {"key": spec.key, "objective": spec.objective, "seed": spec.seed, "regime": spec.regime, "tau_target": spec.tau, "beta_target": spec.beta,
-              "beta": spec.beta if spec.beta is not None else run.kl_weight(spec.config.train.steps),  # the beta a tau cell resolved to
               "latent": spec.latent, "posterior": spec.posterior, "K": spec.K, "alpha": spec.alpha, "gamma": spec.gamma,
-              "grad_clip": spec.config.train.grad_clip, "lr": spec.config.train.lr, "lr_schedule": spec.config.train.lr_schedule,
-              "code_init_noise": spec.config.cvae.code_init_noise, "router": spec.config.cvae.router, "coupling": spec.config.cvae.coupling, "seconds": seconds,
-              **({} if spec.config.cvae.coupling_reader == "bag" else {"coupling_reader": spec.config.cvae.coupling_reader})})  # the default unrecorded: older records are the same cells
+              **coordinate_record(spec.config), "seconds": seconds})
+
+# %% ../nbs/11_experiments.ipynb #9683eaa1
+_KEY_WEIGHT = re.compile(r"-([tb])(\d+(?:\.\d+)?(?:e[+-]\d+)?)-")  # a cell key's KL weight: '-t0.07-' or '-b0.05-'
+
+def current_names(record: dict,  # a run's record, as written then
+                 ) -> dict:      # the same record in today's names for its KL weight
+    "A record with `tau_target`/`beta_target` (its cell's KL weight) and `tau_effective`/`beta_effective` (what it trained at): an older record's `tau` is renamed, its `beta` dropped, its target read from its key where it has none."
+    r = dict(record)
+    if "tau" in r: r.setdefault("tau_effective", r.pop("tau"))
+    beta = r.pop("beta", None)
+    if r.get("tau_target") is None and r.get("beta_target") is None:
+        if m := _KEY_WEIGHT.search(str(r.get("key", ""))): r["tau_target" if m[1] == "t" else "beta_target"] = float(m[2])
+        elif beta is not None: r["beta_target"] = beta  # from before tau cells, whose keys had no weight: beta was the target
+    return r
 
 # %% ../nbs/11_experiments.ipynb #99c424bd
 def cell_locks(out: Path,             # the sweep's directory

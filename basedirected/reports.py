@@ -17,43 +17,35 @@ from .base import SurprisalCache
 from .cvae import CVAEConfig
 from .cluster import read_records
 from .comparisons import across_base_interval, sign_flip_pvalue, variance_components, within_base_interval
-from .experiments import SweepDir
+from .experiments import SweepDir, current_names
 from .reconstruction import TERM_NAMES
 from .pretrained import shipped_name
 from .runs import RunDir, atomic_write_bytes, atomic_write_json, environment_record, load_run, read_json, read_log
-from .config import TrainConfig
+from .config import TrainConfig, coordinate_label, coordinate_name, coordinates
 from .weights import reference_weights
 
 # %% auto #0
-__all__ = ['TABLE_METRICS', 'GROUP_BY', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'PAIRED_METRICS', 'SUCCESS', 'CURVE_TERMS',
-           'ANSWER_METRIC', 'PRIMARY_FIGURES', 'aggregate', 'markdown_table', 'contrasts_markdown', 'stats_markdown',
-           'write_results', 'holm', 'paired_difference', 'paired_statistics', 'success_counts', 'base_contrasts',
-           'metric_components', 'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse', 'figure_alignment',
-           'figure_escape', 'figure_curves', 'figure_gain_per_position', 'figure_weights', 'figure_paired',
-           'answer_rows', 'answer_text', 'figure_answer', 'compare_collections', 'comparison_text', 'write_figures',
-           'write_base_gates', 'write_curves', 'write_reports']
+__all__ = ['TABLE_METRICS', 'GRID_COORDINATES', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'PAIRED_METRICS', 'SUCCESS', 'CURVE_TERMS',
+           'ANSWER_METRIC', 'PRIMARY_FIGURES', 'group_by', 'aggregate', 'markdown_table', 'contrasts_markdown',
+           'stats_markdown', 'write_results', 'holm', 'paired_difference', 'paired_statistics', 'success_counts',
+           'base_contrasts', 'metric_components', 'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse',
+           'figure_alignment', 'figure_escape', 'figure_curves', 'figure_gain_per_position', 'figure_weights',
+           'figure_paired', 'answer_rows', 'answer_text', 'figure_answer', 'compare_collections', 'comparison_text',
+           'write_figures', 'write_base_gates', 'write_curves', 'write_reports']
 
 # %% ../nbs/12_reports.ipynb #ca5567ef
 _ALIGNMENTS = tuple(f"{pre}{a}_{t}{s}" for pre, t in (("", "posterior"), ("gen_", "controlled"), ("gen_", "controlled_all"))
                     for a in ("alignment", "purity") for s in ("", "_null", "_excess"))
-TABLE_METRICS = ("settled", "rate_range_last", "tau", "beta_effective", "beta_star", "rate", "rate_at_1_3", "rate_at_2_3", "gain_abs", "gain_frac", "gain_z", "drift", "I_zs_norm", "I_zxy", "code_perplexity",
+TABLE_METRICS = ("settled", "rate_range_last", "tau_effective", "beta_effective", "beta_star", "rate", "rate_at_1_3", "rate_at_2_3", "gain_abs", "gain_frac", "gain_z", "drift", "I_zs_norm", "I_zxy", "code_perplexity",
                  "gen_valid_rate", "gen_answer_rate", "gen_answer_only_rate", "gen_forced_valid_rate", "gen_forced_answer_rate", "gen_classified_share",
                  "gen_routing_effect", "marginal_nll", "base_nll", "eval_theta", "eval_std",
                  "I_zs_norm_amortized", "amortized_agreement", "reveal_weight", "c_model", "c_data", "T_y_mean",
                  "I_zs_given_x_norm", *_ALIGNMENTS, "gen_coverage_mean", "gate_valid_rate", "gate_answer_only_accuracy")
-GROUP_BY = ("regime", "latent", "posterior", "K", "objective", "alpha", "gamma", "tau_target", "beta_target", "grad_clip", "lr", "lr_schedule",
-            "code_init_noise", "router", "coupling", "coupling_reader")  # a row per group: seeds (and bases) averaged
+GRID_COORDINATES = ("regime", "latent", "posterior", "K", "objective", "alpha", "gamma", "tau_target", "beta_target")  # a cell's place in its preset's grid
 
-# %% ../nbs/12_reports.ipynb #d2f1b3a6
-def _options_tag(r: dict) -> str:
-    "' clip 1e+06', ' lr 0.0003', ' constant', ' noise 1', ' marginal', ' coupling 1', ' ordered reader': a run's options that are not the defaults (records from before an option was a cell's coordinate have none)."
-    d, c = TrainConfig(), CVAEConfig()
-    g, lr, schedule, noise, router, coupling, reader = (r.get(k) for k in ("grad_clip", "lr", "lr_schedule", "code_init_noise", "router", "coupling", "coupling_reader"))
-    return (("" if g is None or g == d.grad_clip else f" clip {g:g}") + ("" if lr is None or lr == d.lr else f" lr {lr:g}")
-            + ("" if schedule is None or schedule == d.lr_schedule else f" {schedule}")
-            + ("" if noise is None or noise == c.code_init_noise else f" noise {noise:g}")
-            + ("" if router is None or router == c.router else f" {router}") + ("" if not coupling else f" coupling {coupling:g}")
-            + ("" if not reader or reader == c.coupling_reader else f" {reader} reader"))
+def group_by() -> tuple[str, ...]:
+    "What a report's row holds fixed (seeds and bases averaged): a cell's grid coordinates and every coordinate of [notebook 09](09_config.ipynb)."
+    return GRID_COORDINATES + tuple(coordinate_name(p) for p in coordinates())
 
 # %% ../nbs/12_reports.ipynb #08b9cce3
 def _scalar_columns(records):
@@ -65,19 +57,19 @@ def _scalar_columns(records):
 
 # %% ../nbs/12_reports.ipynb #905b0322
 def _group(r: dict) -> tuple:
-    "A record's group key: a cell's KL weight is its tau target or its beta target (records from before tau cells read beta as their target)."
-    r = {**r, "beta_target": r.get("beta_target", r.get("beta")) if r.get("tau_target") is None else None}
-    return tuple(r.get(k) for k in GROUP_BY)
+    "A record's group key (`group_by()`): a cell's KL weight is its target, tau or beta, in today's names (`current_names`)."
+    r = current_names(r)
+    return tuple(r.get(k) for k in group_by())
 
 # %% ../nbs/12_reports.ipynb #85a5d3f6
 def aggregate(records: list[dict],  # one metrics record per run
-             ) -> list[dict]:        # one row per group of GROUP_BY
-    "Mean, standard error and per-seed values (min, median, max, and all in seed order) over seeds (and bases) per group of `GROUP_BY`; `settled` is the share of runs that settled."
+             ) -> list[dict]:        # one row per group of `group_by()`
+    "Mean, standard error and per-seed values (min, median, max, and all in seed order) over seeds (and bases) per group of `group_by()`; `settled` is the share of runs that settled."
     groups = {}
     for r in records: groups.setdefault(_group(r), []).append(r)
     rows = []
     for key, rs in sorted(groups.items(), key=lambda kv: tuple(str(v) for v in kv[0][:5]) + tuple((v is not None, -1 if v is None else v) for v in kv[0][5:])):
-        row = dict(zip(GROUP_BY, key))
+        row = dict(zip(group_by(), key))
         row["objective"] = row["objective"] if row["objective"] != "theta" else f"theta(a={row['alpha']},g={row['gamma']})"
         rs = sorted(rs, key=lambda r: (r.get("base_seed") or 0, r.get("seed", 0)))
         row["seeds"] = len(rs)
@@ -93,13 +85,13 @@ def aggregate(records: list[dict],  # one metrics record per run
     return rows
 
 # %% ../nbs/12_reports.ipynb #6c73a9a8
-DEFAULT_COLUMNS = ("tau", "beta_effective", "rate", "I_zs_given_x_norm", "I_zs_norm", "alignment_posterior", "alignment_posterior_null", "gen_alignment_controlled_all",
+DEFAULT_COLUMNS = ("tau_effective", "beta_effective", "rate", "I_zs_given_x_norm", "I_zs_norm", "alignment_posterior", "alignment_posterior_null", "gen_alignment_controlled_all",
                    "gen_alignment_controlled_all_null", "gen_purity_controlled_all", "gen_classified_share", "gen_answer_rate", "gain_z", "drift")
 TABLE_LEGEND = ("alignment_*: one-to-one code-strategy matching; purity_*: many-to-one (each code to its majority strategy); *_null: the chance "
                 "level of the same counts (codes independent of strategies); posterior: argmax q on held-out pairs; controlled_all: every "
                 "generation under forced codes counts, invalid or ambiguous ones as unmatched; classified_share: the generations the checker "
                 "gives one strategy; answer_rate: valid traces with the right answer. KL weight: the cell's target, τ (a share of the objective's "
-                "break-even β*) or β; tau and beta_effective: what the run trained at. Cells: mean ± standard error over seeds [min median max].")
+                "break-even β*) or β; tau_effective and beta_effective: what the run trained at. Cells: mean ± standard error over seeds [min median max].")
 
 # %% ../nbs/12_reports.ipynb #1f67695b
 def markdown_table(rows: list[dict],         # `aggregate`'s rows
@@ -110,7 +102,7 @@ def markdown_table(rows: list[dict],         # `aggregate`'s rows
     head = ["regime", "latent", "posterior", "K", "objective", "KL weight", "seeds", *metrics]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        weight = (f"τ {r['tau_target']:g}" if r.get("tau_target") is not None else f"β {r['beta_target']:g}" if r.get("beta_target") is not None else "—") + _options_tag(r)
+        weight = (f"τ {r['tau_target']:g}" if r.get("tau_target") is not None else f"β {r['beta_target']:g}" if r.get("beta_target") is not None else "—") + coordinate_label(r)
         cells = [r["regime"], r["latent"], str(r.get("posterior", "")), str(r.get("K", "")), r["objective"], weight, str(r["seeds"])]
         for m in metrics:
             if m not in r: cells.append("—"); continue
@@ -210,8 +202,9 @@ def _unit(r: dict) -> tuple:
 
 def _cell(r: dict) -> str:
     "A record's cell as written in tables: 'tau 0.07' or 'beta 0.05', with ' clip 1e+06' where its gradient clipping is not the default."
-    weight = f"tau {r['tau_target']:g}" if r.get("tau_target") is not None else f"beta {r.get('beta_target', r.get('beta')):g}"
-    return weight + _options_tag(r)
+    r = current_names(r)
+    weight = f"tau {r['tau_target']:g}" if r.get("tau_target") is not None else f"beta {r['beta_target']:g}"
+    return weight + coordinate_label(r)
 
 # %% ../nbs/12_reports.ipynb #33e69be9
 def _paired_units(records: list[dict]) -> dict:
@@ -326,7 +319,7 @@ def _save(fig, out: Path, name: str):
 
 def read_results(out: Path,        # the sweep's output directory
                 ) -> list[dict]:  # one row per run
-    "The rows of `out/results.csv`, numbers as floats, flags as bools and empty cells as None (a tau cell has no beta target, a beta cell no tau target)."
+    "The rows of `out/results.csv`, numbers as floats, flags as bools and empty cells as None (a tau cell has no beta target, a beta cell no tau target), in today's names (`current_names`)."
     rows = list(csv.DictReader(open(SweepDir(out).results)))
     for r in rows:
         for k, v in r.items():
@@ -334,23 +327,23 @@ def read_results(out: Path,        # the sweep's output directory
             if v in ("True", "False"): r[k] = v == "True"; continue
             try: r[k] = float(v)
             except (TypeError, ValueError): pass
-    return rows
+    return [current_names(r) for r in rows]
 
 def _label(r):
     "A run's line label: objective (with alpha, gamma for theta), its clipping where not the default and, for a discrete latent, the posterior."
-    name = (r["objective"] if r["objective"] != "theta" else f"theta(a={r['alpha']:g},g={r['gamma']:g})") + _options_tag(r)
+    name = (r["objective"] if r["objective"] != "theta" else f"theta(a={r['alpha']:g},g={r['gamma']:g})") + coordinate_label(r)
     return name + (f" [{r['posterior']}]" if r.get("posterior") not in (None, "") and r.get("latent") == "discrete" else "")
 
 def _target(r: dict) -> tuple:
-    "A run's cell on its line: ('tau', target) for a cell that names tau, else ('beta', beta)."
+    "A run's cell on its line: ('tau', target) for a cell that names tau, else ('beta', target)."
     tau = r.get("tau_target")
-    return ("tau", tau) if isinstance(tau, float) and math.isfinite(tau) else ("beta", r["beta"])
+    return ("tau", tau) if isinstance(tau, float) and math.isfinite(tau) else ("beta", r["beta_target"])
 
 def _runs_by_label(rows: list[dict]) -> dict:
     "Rows by line label, then by cell (each cell's list holds one row per seed), cells in order of their mean τ."
     out = {}
     for r in rows: out.setdefault(_label(r), {}).setdefault(_target(r), []).append(r)
-    order = lambda item: sum(r["tau"] if isinstance(r.get("tau"), float) else r["beta"] for r in item[1]) / len(item[1])
+    order = lambda item: sum(r["tau_effective"] if isinstance(r.get("tau_effective"), float) else r["beta_effective"] for r in item[1]) / len(item[1])
     return {lab: dict(sorted(cells.items(), key=order)) for lab, cells in sorted(out.items())}
 
 def _seeds_and_mean(ax, by_beta: dict, x, y, color, label: str, **line):
@@ -372,8 +365,8 @@ def figure_frontier(out: Path,                  # the sweep's output directory (
         (line,) = _seeds_and_mean(a1, by_beta, lambda r: r["rate"], lambda r: r["gain_abs"], c, lab, marker="o", ms=3)
         for (axis, w), (x, y) in zip(by_beta, zip(*line.get_data())): a1.annotate(f"{'τ' if axis == 'tau' else 'β'}={w:g}", (x, y), fontsize=7, alpha=0.7)
         if "I_zs_norm" in rows[0]:
-            _seeds_and_mean(a2, by_beta, lambda r: r["beta"], lambda r: r["I_zs_norm"], c, f"{lab}: I(z;s)/H(s)", marker="o", ms=3)
-            _seeds_and_mean(a2, by_beta, lambda r: r["beta"], lambda r: r["I_zxy"] / math.log(r.get("K", 3)), c, f"{lab}: I(z;x,y)/log K",
+            _seeds_and_mean(a2, by_beta, lambda r: r["beta_effective"], lambda r: r["I_zs_norm"], c, f"{lab}: I(z;s)/H(s)", marker="o", ms=3)
+            _seeds_and_mean(a2, by_beta, lambda r: r["beta_effective"], lambda r: r["I_zxy"] / math.log(r.get("K", 3)), c, f"{lab}: I(z;x,y)/log K",
                             marker="x", ls="--", alpha=0.6)
     a1.axhline(0, color="k", lw=0.5)
     a1.set_xlabel("rate  KL(q || r)  [nats]"); a1.set_ylabel("information gain  b̄ − ℓ̄  [nats/token]"); a1.set_title("Rate / information-gain frontier")
@@ -393,9 +386,9 @@ def figure_collapse(out: Path,                  # the sweep's output directory (
     izx = lambda r: r["I_zxy"] / math.log(r.get("K", 4))
     for i, (lab, by_beta) in enumerate(_runs_by_label(rows).items()):
         c = f"C{i}"
-        _seeds_and_mean(axes[0], by_beta, lambda r: r["beta"], izx, c, lab, marker="o", ms=3)
-        _seeds_and_mean(axes[1], by_beta, lambda r: r["tau"], izx, c, lab, marker="o", ms=3)
-        _seeds_and_mean(axes[2], by_beta, lambda r: r["tau"], lambda r: r["I_zs_norm"], c, lab, marker="o", ms=3)
+        _seeds_and_mean(axes[0], by_beta, lambda r: r["beta_effective"], izx, c, lab, marker="o", ms=3)
+        _seeds_and_mean(axes[1], by_beta, lambda r: r["tau_effective"], izx, c, lab, marker="o", ms=3)
+        _seeds_and_mean(axes[2], by_beta, lambda r: r["tau_effective"], lambda r: r["I_zs_norm"], c, lab, marker="o", ms=3)
     for ax, (x, y) in zip(axes, [("β", "I(z;x,y) / log K"), ("τ = β / β*", "I(z;x,y) / log K"), ("τ = β / β*", "I(z;s) / H(s)")]):
         ax.set_xscale("log"); ax.set_xlabel(x); ax.set_ylabel(y); ax.set_ylim(-0.05, 1.05)
         ax.xaxis.set_minor_formatter(plt.NullFormatter())  # minor labels of a short log axis collide
@@ -417,8 +410,8 @@ def figure_alignment(out: Path,                  # the sweep's output directory 
     fig, axes = plt.subplots(1, 4, figsize=(18, 3.8), sharey=True)
     for ax, (key, title) in zip(axes, panels):
         for i, (lab, by_beta) in enumerate(_runs_by_label([r for r in rows if isinstance(r.get(key), float)]).items()):
-            _seeds_and_mean(ax, by_beta, lambda r: r["tau"], lambda r: r[key], f"C{i}", lab, marker="o", ms=3)
-            means = [(sum(r["tau"] for r in rs) / len(rs), sum(r[key + "_null"] for r in rs) / len(rs)) for rs in by_beta.values()]
+            _seeds_and_mean(ax, by_beta, lambda r: r["tau_effective"], lambda r: r[key], f"C{i}", lab, marker="o", ms=3)
+            means = [(sum(r["tau_effective"] for r in rs) / len(rs), sum(r[key + "_null"] for r in rs) / len(rs)) for rs in by_beta.values()]
             ax.plot(*zip(*means), color=f"C{i}", ls="--", lw=1, alpha=0.8)
         ax.set_xscale("log"); ax.set_xlabel("τ = β / β*"); ax.set_title(title, fontsize=9); ax.set_ylim(0, 1.02)
         ax.axvline(1, color="k", lw=0.6, ls=":"); ax.xaxis.set_minor_formatter(plt.NullFormatter())

@@ -536,7 +536,7 @@ def run_metrics(run: Run,             # a trained run
     record = {"task": cfg.task.name, "objective": cfg.objective, "seed": cfg.seed, "beta_effective": beta,
               "base_name": shipped or "trained", "base_sha256": file_sha256(run.dir.base),  # which base: shipped (its name), or trained from its recipe
               "c_model": scales["model"]["value"], "c_data": scales["data"]["value"],
-              **diag, "tau": beta / diag["beta_star"] if diag.get("beta_star") else None, "tau_target": cfg.train.tau, "base_seed": cfg.data_seed,
+              **diag, "tau_effective": beta / diag["beta_star"] if diag.get("beta_star") else None, "tau_target": cfg.train.tau, "base_seed": cfg.data_seed,
               "rate_at_1_3": rate_at(third), "rate_at_2_3": rate_at(2 * third), **_settling(log, cfg.train.steps),
               **{f"gate_{k}{s}": run.gate[k + s] for k in ("answer_only_accuracy", "valid_rate", "answer_accuracy") for s in ("", "_n", "_lo", "_hi")},
               **{f"gate_{k}": run.gate[k] for k in ("strategy_gap", "surprisal_excess")},

@@ -346,7 +346,7 @@ def test_a_run_at_tau_trains_at_tau_times_its_break_even(tmp_path):
     logged = [l["beta"] for l in read_log(tmp_path / "t" / "log.jsonl") if l["split"] == "train"]
     assert logged and all(b == pytest.approx(0.5 * beta_star) for b in logged)
     m = json.loads((tmp_path / "t" / "metrics.json").read_text())
-    assert m["tau_target"] == 0.5 and m["tau"] == pytest.approx(0.5) and m["beta_effective"] == pytest.approx(0.5 * beta_star)
+    assert m["tau_target"] == 0.5 and m["tau_effective"] == pytest.approx(0.5) and m["beta_effective"] == pytest.approx(0.5 * beta_star)
     assert final["kl"] >= 0
 
 
