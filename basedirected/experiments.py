@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -38,9 +39,9 @@ __all__ = ['PRESETS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVAT
            'with_arm', 'Preset', 'RunSpec', 'cell_overrides', 'plan', 'plan_cost', 'SweepDir', 'base_dir', 'lock_path',
            'prepare_shared_base', 'check_base_gate', 'select_bases', 'selected_bases', 'skipped_cells', 'clear_cells',
            'finished_record', 'finished', 'check_sweep_dir', 'record_preset', 'current_names', 'cell_locks',
-           'clear_held_cells', 'run_cell', 'run_group_cells', 'run_pack', 'die_with_parent', 'pack_memory_gib',
-           'DevicePlacer', 'cuda_budgets_gib', 'run_placed', 'copy_bases', 'seed_bases', 'earlier_cells',
-           'check_same_bases', 'check_earlier_bases', 'execute']
+           'clear_held_cells', 'run_cell', 'run_group_cells', 'run_pack', 'die_with_parent', 'SweepWorkers',
+           'pack_memory_gib', 'DevicePlacer', 'cuda_budgets_gib', 'run_placed', 'copy_bases', 'seed_bases',
+           'earlier_cells', 'check_same_bases', 'check_earlier_bases', 'execute']
 
 # %% ../nbs/11_experiments.ipynb #f6765ca6
 def check_preset(p):  # the Preset being built (its class is defined below, in the cell that calls this)
@@ -593,11 +594,22 @@ def run_pack(out: Path,              # the sweep's directory
 # %% ../nbs/11_experiments.ipynb #6cad0857
 def die_with_parent(parent: int,  # the sweep process's pid
                    ) -> None:
-    "A sweep worker's initializer: the worker ends within a second of the sweep process `parent`, however that died (kill -9 included), so none trains on unattended."
+    "A sweep worker's initializer: the worker ends within a second of the sweep process `parent`, however that died (kill -9 included), so none trains on unattended; a Ctrl-C ends it at once and quietly (the sweep says it in one line)."
     def watch():
         while os.getppid() == parent: time.sleep(1.0)
         os._exit(1)  # its runs keep their last checkpoints; a rerun resumes them
     threading.Thread(target=watch, daemon=True, name="die-with-parent").start()
+    # its files are whole (atomic writes) and its locks are the kernel's: ending it here loses only the steps since a checkpoint
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    if hasattr(signal, "pthread_sigmask"): signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # one pressed while it imported arrives now
+
+class SweepWorkers(ProcessPoolExecutor):
+    "The sweep's process pool: each worker starts with Ctrl-C (SIGINT) blocked, so one pressed while it imports torch prints no traceback; its initializer (`die_with_parent`) unblocks it."
+    def _spawn_process(self):  # where ProcessPoolExecutor starts each worker (Python 3.11+); a signal mask survives the spawn's exec
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
+        try: super()._spawn_process()
+        finally:
+            if blocked is not None: signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 # %% ../nbs/11_experiments.ipynb #ac3921bb
 BYTES_PER_PARAMETER = 176.0   # a: one run's stacked weights, their bf16 copy, gradients, AdamW moments, base and frozen reference, per backbone parameter
@@ -784,7 +796,7 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
             records.update(zip(pack, run_pack(out, [specs[i] for i in pack], dev, force, compile, tensorboard))); bar.update(len(pack))
     else:
         ctx = torch.multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+        with SweepWorkers(max_workers=jobs, mp_context=ctx, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
             def prepare(keys):  # the bases in parallel, the longest first
                 order = sorted(keys, key=lambda k: -shared[k].config.base.steps)
                 futures = {k: pool.submit(prepare_shared_base, out, shared[k], devices[i % len(devices)], base) for i, k in enumerate(order)}

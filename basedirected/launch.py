@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
 # %% auto #0
@@ -42,7 +43,9 @@ def command(prog: str,    # the command's name, in its messages
             missing = (e.name or "").split(".")[0]
             if missing not in EXTRAS: raise
             print(f"{prog}: error: it needs {missing}, which is not installed: pip install -e '.[{EXTRAS[missing]}]'", file=sys.stderr); raise SystemExit(2)
-        return entry() if argv is None else entry(argv)
+        try: return entry() if argv is None else entry(argv)
+        finally:  # called as the console script: the process ends now, its work done (or its error said), and a Ctrl-C while the interpreter
+            if argv is None: signal.signal(signal.SIGINT, signal.SIG_IGN)  # exits (joining a pool's threads, flushing) would only turn its status into -2
     main.__name__ = main.__qualname__ = prog.replace("-", "_")
     return main
 

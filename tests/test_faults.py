@@ -833,6 +833,30 @@ def test_ctrl_c_in_a_sweep_is_one_line(tmp_path):
     assert err.strip().splitlines()[-1].startswith("basedirected-repro: interrupted; finished cells are kept")
 
 
+@pytest.mark.parametrize("after", [0.3, 1.0])
+def test_a_terminals_ctrl_c_while_the_sweeps_workers_import_is_one_line(tmp_path, after):
+    "A terminal's Ctrl-C reaches the whole process group: `--jobs 2`'s workers, still importing torch, print no traceback (SweepWorkers)."
+    out = tmp_path / "sweep"
+    p = subprocess.Popen([sys.executable, "-c", "import sys; from basedirected.launch import repro; sys.exit(repro())", "--preset", "smoke", "--out", str(out),
+                          "--quiet", "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_default_sigint)
+    _wait_until(lambda: (out / "preset.json").exists(), p)
+    time.sleep(after)  # the workers are spawned as the bases are prepared, and import torch for a second or two
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_ctrl_c_as_a_finished_command_exits_changes_nothing(tmp_path):
+    "Once the entry point returns, the interpreter's exit (here an atexit handler standing for a pool's threads being joined) ignores Ctrl-C."
+    (tmp_path / "slow_exit.py").write_text("import atexit, time\ndef main():\n    atexit.register(time.sleep, 3)\n    print('done', flush=True)\n    return 0\n")
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from basedirected.launch import command; sys.exit(command('basedirected-x', 'slow_exit:main')())"
+    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+    assert p.stdout.readline().strip() == "done"
+    time.sleep(0.5); p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and err == "", err
+
+
 # --- reliability round 5: a run directory is data, every overflow refused up front, errors in one line -------------------
 
 T5 = ["--n-train", "600", "--n-eval", "32", "--base-steps", "30", "--d-model", "16", "--n-layers", "1", "--c-samples", "16", "--batch-size", "8",
