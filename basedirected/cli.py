@@ -20,8 +20,8 @@ from pathlib import Path
 import torch.distributed as dist
 
 from .config import OneLineParser, base_choice, build_parser, config_from_args, hf_config_from_args
-from .runs import (RunDir, RunInputError, check_run_dir, check_writable, exclusive_run_dir, read_json,
-                               resolve_device, torchrun_place, write_command)
+from .runs import RunDir, RunInputError, check_run_dir, check_writable, exclusive_run_dir, read_json, write_command
+from .machine import resolve_device, torchrun_place
 from .train import BaseGateError, NonFiniteError, check_batch_split, run
 
 # %% auto #0

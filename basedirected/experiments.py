@@ -28,7 +28,8 @@ from .base import FrozenReference, gate_failures
 from .model import ModelConfig
 from .objective import OBJECTIVE_NAMES, objectives
 from .pretrained import BASE_FILES
-from .runs import RunDir, atomic_write_bytes, atomic_write_json, base_source, check_writable, environment_record, exclusive_run_dir, check_gate_record, file_lock, load_base, load_checkpoint, prepare_base, use_numerics, prepare_gate, prepare_reference_scale, prepare_run, read_json, remove_temporaries, resolve_device, run_vocab, write_command
+from .runs import RunDir, atomic_write_bytes, atomic_write_json, base_source, check_writable, exclusive_run_dir, check_gate_record, file_lock, load_base, load_checkpoint, prepare_base, prepare_gate, prepare_reference_scale, prepare_run, read_json, remove_temporaries, run_vocab, write_command
+from .machine import environment_record, resolve_device, use_numerics
 from .config import RunConfig, command_argv, coordinate_key, coordinate_record, coordinates, resolve_config
 from .tasks import Task, make_splits
 from .train import BaseGateError, complete, train_run

@@ -32,7 +32,8 @@ from .metrics import (alignment_record, code_perplexity, entropy, generation_sco
                                   latent_information, marginal_nll, strategy_information)
 from .model import Batch, EncodedExamples, layout_tokens, response_nll
 from .objective import ReconstructionLossConfig
-from .runs import Run, RunDir, atomic_write_json, barrier, torchrun_place, check_run_dir, distributed_setup, environment_record, exclusive_run_dir, gather_floats, load_checkpoint, load_trained_state, read_json, read_reference_scale, write_run_record
+from .runs import Run, RunDir, atomic_write_json, check_run_dir, exclusive_run_dir, load_checkpoint, load_trained_state, read_json, read_reference_scale, write_run_record
+from .machine import barrier, distributed_setup, gather_floats, torchrun_place
 from .config import ADAPT_MODES, OPTIMIZERS, AdaptConfig, HFRunConfig
 from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, make_task

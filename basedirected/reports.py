@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 
 from .base import SurprisalCache
-from .cvae import CVAEConfig
 from .cluster import read_records
 from .comparisons import across_base_interval, sign_flip_pvalue, variance_components, within_base_interval
 from .experiments import SweepDir, current_names
 from .reconstruction import TERM_NAMES
 from .pretrained import shipped_name
-from .runs import RunDir, atomic_write_bytes, atomic_write_json, environment_record, load_run, read_json, read_log
+from .runs import RunDir, atomic_write_bytes, atomic_write_json, load_run, read_json, read_log
+from .machine import environment_record
 from .config import TrainConfig, coordinate_label, coordinate_name, coordinates
 from .weights import reference_weights
 

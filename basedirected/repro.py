@@ -17,7 +17,8 @@ from .config import OneLineParser, add_dataclass_options, dataclass_from_args
 from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, earlier_collection, preset_from_record, read_records, submit_sweep
 from .experiments import PRESETS, SweepDir, earlier_cells, execute, finished, plan, seed_bases
 from .reports import answer_text, compare_collections, comparison_text, write_reports
-from .runs import atomic_write_bytes, check_writable, environment_record, read_json, resolve_device
+from .runs import atomic_write_bytes, check_writable, read_json
+from .machine import environment_record, resolve_device
 from .train import NonFiniteError
 
 # %% auto #0

@@ -11,17 +11,14 @@ import importlib
 import json
 import math
 import os
-import platform
 import re
 import shlex
-import subprocess
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from .base import (GATE, GATE_SAMPLES_PER_INPUT, FrozenReference, SurprisalCache, base_gate, gate_failures,
@@ -29,6 +26,7 @@ from .base import (GATE, GATE_SAMPLES_PER_INPUT, FrozenReference, SurprisalCache
 from .config import BASE_CHOICES, MAX_KL_WEIGHT, RunConfig
 from .conventions import patch
 from .cvae import build_cvae
+from .machine import barrier, distributed_setup, environment_record, resolve_device, use_numerics
 from .model import EncodedExamples, ModelConfig, TinyCausalLM, layout_tokens
 from .pretrained import base_key, check_pretrained, file_sha256, install_pretrained, pretrained_for, shipped_name, verify_pretrained
 from .surprisal import ReferenceScale, estimate_reference_scale
@@ -39,11 +37,10 @@ import basedirected.addition, basedirected.grid_pathfinding, basedirected.sortin
 # %% auto #0
 __all__ = ['BASE_CHECKPOINT_EVERY', 'LOADERS', 'RunDir', 'atomic_write_bytes', 'atomic_write_json', 'atomic_torch_save',
            'load_checkpoint', 'read_json', 'trained_state', 'load_trained_state', 'file_lock', 'exclusive_run_dir',
-           'remove_temporaries', 'read_log', 'truncate_log', 'environment_record', 'cpu_model', 'use_numerics',
-           'resolve_device', 'run_vocab', 'torchrun_place', 'distributed_setup', 'barrier', 'gather_floats',
-           'shard_indices', 'load_base', 'base_source', 'prepare_base', 'prepare_reference_scale', 'check_gate_record',
-           'prepare_gate', 'shared_surprisal', 'Run', 'read_reference_scale', 'write_run_record', 'write_command',
-           'check_writable', 'check_run_dir', 'RunInputError', 'check_sequence_lengths', 'prepare_run', 'load_run']
+           'remove_temporaries', 'read_log', 'truncate_log', 'run_vocab', 'load_base', 'base_source', 'prepare_base',
+           'prepare_reference_scale', 'check_gate_record', 'prepare_gate', 'shared_surprisal', 'Run',
+           'read_reference_scale', 'write_run_record', 'write_command', 'check_writable', 'check_run_dir',
+           'RunInputError', 'check_sequence_lengths', 'prepare_run', 'load_run']
 
 # %% ../nbs/09a_runs.ipynb #7d7e3f85
 def _is_run_record(d: dict) -> bool: return isinstance(d.get("config"), dict) and isinstance(d.get("environment"), dict)
@@ -223,87 +220,10 @@ def truncate_log(path: Path,  # a log.jsonl
     atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in keep).encode())
 
 # %% ../nbs/09a_runs.ipynb #8d024ad1
-def environment_record(seed: int,  # the run's seed, recorded with it
-                      ) -> dict:
-    "Git revision, package versions, machine and seed, stored with every run."
-    def git(*a):
-        try: return subprocess.run(["git", *a], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip() or None
-        except Exception: return None
-    import numpy
-    from importlib.metadata import PackageNotFoundError, version
-    from basedirected import __version__
-    def installed(name):  # sympy belongs to the notebooks and tests, not to a run: recorded where it is installed
-        try: return version(name)
-        except PackageNotFoundError: return None
-    return {"seed": seed, "git_revision": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain")),
-            "basedirected": __version__, "torch": torch.__version__, "numpy": numpy.__version__, "sympy": installed("sympy"),
-            "python": platform.python_version(), "machine": platform.machine(), "processor": platform.processor(), "cpu": cpu_model(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-
-def cpu_model() -> str:
-    "The CPU's model name (Linux's /proc/cpuinfo, else the platform's processor): the kind of machine whose kernels a seeded run's figures are exact on."
-    try: return next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name"))
-    except (OSError, StopIteration): return platform.processor() or platform.machine()
-
-def use_numerics(config,  # a RunConfig (threads, flush_subnormals) or any configuration
-                ) -> None:
-    "Set this process's torch threads (where the configuration names them) and its treatment of subnormal floats: what a run's CPU results depend on."
-    if getattr(config, "threads", 0): torch.set_num_threads(config.threads)
-    torch.set_flush_denormal(getattr(config, "flush_subnormals", False))
-
-def resolve_device(device: str = "auto",  # 'auto', 'cpu' or 'cuda[:i]'
-                  ) -> torch.device:
-    "`auto` picks CUDA when available, else CPU; anything else must name a device torch knows."
-    if device == "auto": return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try: dev = torch.device(device)
-    except (RuntimeError, TypeError): raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:i]', got {device!r}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available(): raise ValueError(f"device {device!r} requested but CUDA is not available")
-    if dev.type not in ("cpu", "cuda"): raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:i]', got {device!r}")
-    return dev
-
 def run_vocab(config: RunConfig,  # its task and its number of codes
              ) -> Vocab:
     "The vocabulary of a run: the task's tokens and enough latent codes for its CVAE (at least 8, so runs share ids)."
     return Vocab.for_task(config.task, n_latent=max(config.cvae.K, 8))
-
-# %% ../nbs/09a_runs.ipynb #4132ed6d
-def torchrun_place() -> tuple[int, int]:  # (rank, number of processes)
-    "This process's rank and the number of processes as torchrun sets them (0 and 1 outside torchrun): the one reader of them."
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-
-def distributed_setup(device: str = "auto",  # 'auto', 'cpu' or 'cuda' (each of torchrun's processes takes its LOCAL_RANK GPU)
-                     ) -> tuple[int, int, torch.device]:  # rank, world size, device
-    "Rank, world size and device of this process: one process, or one of `torchrun`'s (gloo on CPU, nccl on GPU)."
-    rank, world = torchrun_place()
-    dev = resolve_device(device)
-    if world == 1: return 0, 1, dev
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if dev.type == "cuda": dev = torch.device("cuda", local); torch.cuda.set_device(dev)
-    if not dist.is_initialized(): dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-    return rank, world, dev
-
-def barrier(world: int):  # the number of processes
-    "Wait for every process (nothing to wait for in one)."
-    if world > 1: dist.barrier()
-
-def gather_floats(values: list[float],  # this process's numbers (as many as every other process's)
-                  world: int,            # the number of processes
-                  device) -> list[list[float]]:
-    "Every process's `values` (one list per rank, equal lengths)."
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if world == 1: return [t.tolist()]
-    out = [torch.empty_like(t) for _ in range(world)]
-    dist.all_gather(out, t)
-    return [o.tolist() for o in out]
-
-def shard_indices(idx: torch.Tensor,  # the global minibatch's example indices
-                  rank: int,          # this process
-                  world: int,         # the number of processes
-                 ) -> torch.Tensor:
-    "Process `rank`'s equal, contiguous share of the global minibatch `idx`."
-    if len(idx) % world: raise ValueError(f"a batch of {len(idx)} does not split over {world} processes")
-    return idx.view(world, -1)[rank]
 
 # %% ../nbs/09a_runs.ipynb #1bdfc05e
 def _same(a, b) -> bool:

@@ -29,7 +29,8 @@ from .objective import loss_reference_weights
 from .model import TinyCausalLM, layout_tokens
 from .base import GATE_SAMPLES_PER_INPUT, response_budget
 from .pretrained import file_sha256
-from .runs import Run, RunDir, atomic_torch_save, atomic_write_json, barrier, base_source, exclusive_run_dir, gather_floats, load_checkpoint, load_trained_state, prepare_run, read_json, read_log, run_vocab, shard_indices, torchrun_place, trained_state, truncate_log, use_numerics
+from .runs import Run, RunDir, atomic_torch_save, atomic_write_json, base_source, exclusive_run_dir, load_checkpoint, load_trained_state, prepare_run, read_json, read_log, run_vocab, trained_state, truncate_log
+from .machine import barrier, gather_floats, shard_indices, torchrun_place, use_numerics
 from .config import RunConfig, TrainConfig
 from .tasks import batch_indices, break_even_beta
 
@@ -580,7 +581,7 @@ def _run(run_dir, config, device, progress, stop_after, resume_without_log, requ
     bar = None
     if progress:  # the plan first, then one bar for the whole run
         import sys
-        from basedirected.runs import resolve_device
+        from basedirected.machine import resolve_device
         plan = run_plan(run_dir, config, base, resolve_device(device), metrics)
         print(f"{Path(run_dir)}: {config.task.name}, objective {config.objective}, seed {config.seed}\n" + plan_text(plan), file=sys.stderr, flush=True)
         bar = RunBar(plan)

@@ -84,7 +84,7 @@ def main():
     ap.add_argument("--parts", default="cell,load", help="which parts to run: cell, load or both")
     a = ap.parse_args()
     from basedirected.launch import THREAD_WAITING, WAITING_SET_BY_USER
-    from basedirected.runs import cpu_model
+    from basedirected.machine import cpu_model
     plain = {k: v for k, v in os.environ.items() if k not in WAITING_SET_BY_USER}
     both, load = {}, {}
     print(f"{cpu_model()}, {os.cpu_count()} cores")

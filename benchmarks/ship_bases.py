@@ -10,7 +10,7 @@ from pathlib import Path
 
 from basedirected.experiments import PRESETS, plan, prepare_shared_base
 from basedirected.pretrained import add_to_catalogue, catalogue
-from basedirected.runs import cpu_model, environment_record
+from basedirected.machine import cpu_model, environment_record
 
 ROOT = Path(__file__).resolve().parents[1]
 AMD = "AMD EPYC (2-core x86_64), OMP_NUM_THREADS=1"

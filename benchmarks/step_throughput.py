@@ -40,7 +40,8 @@ from basedirected.cvae import CVAEConfig, build_cvae, cvae_forward, exact_object
 from basedirected.groups import RunGroup
 from basedirected.objective import BetaSchedule
 from basedirected.model import ModelConfig, TinyCausalLM, as_rows
-from basedirected.runs import Run, RunDir, resolve_device, run_vocab
+from basedirected.runs import Run, RunDir, run_vocab
+from basedirected.machine import resolve_device
 from basedirected.config import RunConfig, TrainConfig
 from basedirected.surprisal import ReferenceScale
 from basedirected.tasks import batch_indices, make_splits

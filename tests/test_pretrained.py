@@ -92,7 +92,7 @@ def test_a_quick_cell_rerun_on_the_references_cpu_type_equals_the_reference(tmp_
     from basedirected.cluster import read_records
     from basedirected.reports import compare_collections
     from basedirected.repro import repro_main
-    from basedirected.runs import cpu_model
+    from basedirected.machine import cpu_model
     ref = Path(__file__).resolve().parents[1] / "reference" / "quick"
     made_on = json.loads((ref / "summary.json").read_text())["environment"]["cpu"]
     if made_on != cpu_model(): pytest.skip(f"reference/quick was made on {made_on}, this is {cpu_model()}: other kernels, other round-off")
