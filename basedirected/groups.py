@@ -21,7 +21,7 @@ from .base import SurprisalCache
 from .conventions import patch, trusted_values
 from .cvae import exact_posterior
 from .model import Batch, Block, Rows, causal_attention
-from .objective import assemble_loss, loss_reference_weights, loss_token_weights, term_token_weights
+from .objective import assemble_loss, floored_kl, loss_reference_weights, loss_token_weights, term_token_weights
 from .reconstruction import TERM_NAMES
 from .runs import Run
 from .config import RunConfig
@@ -343,8 +343,7 @@ def _run_loss(self: RunGroup, params, buffers, rows, W, M, beta, free_bits, eps,
     terms = (M * nll[:, None, :]).sum(-1).mean(0)            # every R_k: (1/B) sum_b sum_t M_bt l_bt
     recon = (W * nll).sum(-1).mean()
     kl = out.kl.mean()
-    # the free-bits floor, as free_bits_kl: on the batch KL, or on each latent dimension's
-    floored = torch.maximum(out.kl_per_dim.mean(0), free_bits).sum() if self.dimension_free_bits else torch.maximum(kl, free_bits)
+    floored = floored_kl(out.kl, out.kl_per_dim, free_bits, self.dimension_free_bits)  # as one run's free_bits_kl: the batch's KL, or each dimension's
     extra = [out.distill.mean()] if self.distill else []
     loss = assemble_loss(recon, floored, beta, [(None, t) for t in extra])  # as one run's (`objective_terms`); a group trains no coupling term
     finite = torch.stack([torch.isfinite(torch.where(out.mask, nll, 0.0)).all(), torch.isfinite(out.kl).all()]).float()

@@ -16,8 +16,8 @@ from .weights import GAMMA_CEILING_WHY, MAX_GAMMA, ReferenceWeights, reference_w
 
 # %% auto #0
 __all__ = ['LOSS_PRESETS', 'BETA_SCHEDULES', 'OBJECTIVE_NAMES', 'ORIGINAL_FLAG_ALIASES', 'ReconstructionLossConfig',
-           'BetaSchedule', 'free_bits_kl', 'Objective', 'objectives', 'assemble_loss', 'objective', 'j_theta',
-           'j_celbo', 'loss_reference_weights', 'term_token_weights', 'loss_token_weights', 'OriginalFlag',
+           'BetaSchedule', 'free_bits_kl', 'floored_kl', 'Objective', 'objectives', 'assemble_loss', 'objective',
+           'j_theta', 'j_celbo', 'loss_reference_weights', 'term_token_weights', 'loss_token_weights', 'OriginalFlag',
            'demo_batch', 'demo_main']
 
 # %% ../nbs/04_objective.ipynb #4dd74166
@@ -116,11 +116,18 @@ def free_bits_kl(kl: torch.Tensor,                  # per-example KL, (B,)
                 ) -> torch.Tensor:                  # the KL that enters the loss, a scalar
     "The KL of the loss under a free-bits floor (Kingma et al., 2016)."
     free_bits = check_nonnegative(free_bits, "free_bits")
-    if mode == "batch": return kl.mean().clamp_min(free_bits)
-    if mode == "dimension":
-        if kl_per_dim is None: raise ValueError("free_bits_mode 'dimension' needs a continuous latent (per-dimension KL)")
-        return kl_per_dim.mean(0).clamp_min(free_bits).sum()
-    raise ValueError(f"free_bits_mode must be 'batch' or 'dimension', got {mode!r}")
+    if mode not in ("batch", "dimension"): raise ValueError(f"free_bits_mode must be 'batch' or 'dimension', got {mode!r}")
+    if mode == "dimension" and kl_per_dim is None: raise ValueError("free_bits_mode 'dimension' needs a continuous latent (per-dimension KL)")
+    return floored_kl(kl, kl_per_dim, free_bits, mode == "dimension")
+
+def floored_kl(kl: torch.Tensor,                 # per-example KL, (B,)
+               kl_per_dim: torch.Tensor | None,  # per-example, per-dimension KL (B, D), where the floor is per dimension
+               free_bits,                        # the floor (nats): a float, or under vmap each run's
+               per_dimension: bool,              # floor each latent dimension's mean KL, else the batch's
+              ) -> torch.Tensor:                 # the KL that enters the loss, a scalar
+    "The free-bits floor itself, its inputs unchecked (vmap cannot read values): `free_bits_kl` once it has checked them, and each run of a group."
+    if per_dimension: return kl_per_dim.mean(0).clamp_min(free_bits).sum()
+    return kl.mean().clamp_min(free_bits)
 
 # %% ../nbs/04_objective.ipynb #9695fe42
 @dataclass(frozen=True)
