@@ -709,7 +709,7 @@ def write_reports(out: Path,            # the sweep's output directory
                   summary: dict,        # what ran (preset, executor, wall time, missing cells): summary.json's fields
                   earlier: Path | None = None,  # an earlier collection of the same preset whose cells `records` include (`collect(..., earlier=)`)
                  ) -> None:
-    "Tables, base gates, escape curves, gains per position and `summary.json` of a sweep's finished `records`, then its figures (last: a figure that fails loses nothing)."
+    "Tables, base gates, escape curves, gains per position and `summary.json` of a sweep's finished `records` (with every revision and CPU its cells were completed at; older records carry none), then its figures (last: a figure that fails loses nothing)."
     write_results(out, records)
     write_base_gates(out, earlier)
     write_curves(out, records, earlier)
@@ -718,5 +718,7 @@ def write_reports(out: Path,            # the sweep's output directory
                                                          ["key", "position", "gain"]))
     bases = SweepDir(out).bases
     shipped = {d.name: shipped_name(d / "base.pt") or "trained" for d in sorted(bases.iterdir()) if (d / "base.pt").is_file()} if bases.is_dir() else {}
-    atomic_write_json(SweepDir(out).summary, {**summary, "runs": len(records), "bases_shipped": shipped, "environment": environment_record(0)})
+    made = lambda k: sorted({str(r[k]) for r in records if r.get(k) is not None})  # every revision and CPU the collection's cells were completed at
+    atomic_write_json(SweepDir(out).summary, {**summary, "runs": len(records), "bases_shipped": shipped, "revisions": made("git_revision"), "cpus": made("cpu"),
+                                              "runs_without_revision": sum(r.get("git_revision") is None for r in records), "environment": environment_record(0)})
     write_figures(out)

@@ -30,14 +30,14 @@ from .model import TinyCausalLM, layout_tokens
 from .base import GATE_SAMPLES_PER_INPUT, response_budget
 from .pretrained import file_sha256
 from .runs import Run, RunDir, atomic_torch_save, atomic_write_json, base_source, exclusive_run_dir, load_checkpoint, load_trained_state, prepare_run, read_json, read_log, run_vocab, trained_state, truncate_log
-from .machine import barrier, gather_floats, shard_indices, torchrun_place, use_numerics
+from .machine import barrier, environment_record, gather_floats, shard_indices, torchrun_place, use_numerics
 from .config import RunConfig, TrainConfig
 from .tasks import batch_indices, break_even_beta
 
 # %% auto #0
-__all__ = ['STEP_OVER_PASS', 'evaluate', 'NonFiniteError', 'check_batch_split', 'train_step', 'Stepper', 'OneRun', 'ShardedRun',
-           'TensorBoardSink', 'fit', 'matmul_seconds', 'run_plan', 'plan_text', 'RunBar', 'train_run', 'BaseGateError',
-           'gate_message', 'compile_cvae', 'run_metrics', 'complete', 'run']
+__all__ = ['STEP_OVER_PASS', 'PROVENANCE', 'evaluate', 'NonFiniteError', 'check_batch_split', 'train_step', 'Stepper', 'OneRun',
+           'ShardedRun', 'TensorBoardSink', 'fit', 'matmul_seconds', 'run_plan', 'plan_text', 'RunBar', 'train_run',
+           'BaseGateError', 'gate_message', 'compile_cvae', 'run_metrics', 'complete', 'run']
 
 # %% ../nbs/10_train.ipynb #f9c72bad
 @torch.no_grad()
@@ -545,12 +545,15 @@ def run_metrics(run: Run,             # a trained run
     return record
 
 # %% ../nbs/10_train.ipynb #b91fee02
+PROVENANCE = ("git_revision", "git_dirty", "cpu")  # what made a record: the package's revision (and uncommitted changes), and the CPU model on whose kernels its figures are exact
+
 def complete(run: Run,                  # a trained run, any backbone
              final: dict,               # its final held-out terms
              extra: dict | None = None, # what the caller adds (a sweep cell's coordinates); its names win
             ) -> dict:                  # the record written
-    "Write `metrics.json`, the one writer of it: the backbone's metrics (`Run.metrics_hook`, else `run_metrics`) with `extra`; last, since its presence marks the run finished."
-    record = {**(run.metrics_hook or run_metrics)(run, final), **(extra or {})}
+    "Write `metrics.json`, the one writer of it: the backbone's metrics (`Run.metrics_hook`, else `run_metrics`), the revision and CPU that completed it (`PROVENANCE`) and `extra`; last, since its presence marks the run finished."
+    made = environment_record(run.config.seed)
+    record = {**(run.metrics_hook or run_metrics)(run, final), **{k: made[k] for k in PROVENANCE}, **(extra or {})}
     record = _json_safe(record)  # a figure with no value (no revealing token, no code ever chosen) is null: JSON has no NaN
     atomic_write_json(run.dir.metrics, record)
     return record

@@ -30,6 +30,10 @@ def test_main_job_writes_tables_figures_and_per_run_files(smoke_dir):
     rows = list(csv.DictReader(open(smoke_dir / "results.csv")))
     assert len(rows) == len(plan(PRESETS["smoke"]))
     assert {"rate", "gain_abs", "I_zs_norm", "I_zxy", "gen_valid_rate", "gen_mean_purity", "marginal_nll", "eval_theta"} <= set(rows[0])
+    # provenance: each cell's revision and CPU in results.csv, and every revision the collection was made at in summary.json
+    summary = json.loads((smoke_dir / "summary.json").read_text())
+    assert {"git_revision", "git_dirty", "cpu"} <= set(rows[0]) and summary["revisions"] == sorted({r["git_revision"] for r in rows if r["git_revision"]})
+    assert summary["cpus"] == sorted({r["cpu"] for r in rows}) and summary["runs_without_revision"] == sum(not r["git_revision"] for r in rows)
 
 
 def test_rerun_skips_finished_runs(smoke_dir):

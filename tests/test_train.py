@@ -347,6 +347,11 @@ def test_a_run_at_tau_trains_at_tau_times_its_break_even(tmp_path):
     assert logged and all(b == pytest.approx(0.5 * beta_star) for b in logged)
     m = json.loads((tmp_path / "t" / "metrics.json").read_text())
     assert m["tau_target"] == 0.5 and m["tau_effective"] == pytest.approx(0.5) and m["beta_effective"] == pytest.approx(0.5 * beta_star)
+    import basedirected
+    from pathlib import Path
+    from basedirected.machine import cpu_model
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=str(Path(basedirected.__file__).parent)).stdout.strip() or None
+    assert m["git_revision"] == head and isinstance(m["git_dirty"], bool) and m["cpu"] == cpu_model()  # the record says what completed it
     assert final["kl"] >= 0
 
 
