@@ -11,7 +11,8 @@ import warnings
 import numpy as np
 
 # %% auto #0
-__all__ = ['within_base_interval', 'across_base_interval', 'variance_components', 'coverage', 'sign_flip_pvalue']
+__all__ = ['within_base_interval', 'across_base_interval', 'variance_components', 'settled_runs', 'contrast_interval', 'coverage',
+           'sign_flip_pvalue']
 
 # %% ../nbs/08a_comparisons.ipynb #bda6545f
 def _groups(by_base: dict) -> list[np.ndarray]:
@@ -69,6 +70,25 @@ def variance_components(by_base: dict,  # base -> its per-seed values (a balance
         fit = sm.MixedLM(y, np.ones((len(y), 1)), groups=labels).fit(reml=True)
     return {"var_base": float(np.asarray(fit.cov_re)[0, 0]), "var_seed": float(fit.scale), "mean": float(fit.fe_params[0]), **out}
 
+# %% ../nbs/08a_comparisons.ipynb #95f86a48
+def settled_runs(records: list[dict],  # runs' records (metrics.json, or rows of results.csv)
+                ) -> tuple[list[dict], int]:  # the runs kept, and how many the rule left out
+    "The one policy for runs the stopping rule did not pass: a record that says `settled: False` is left out of every contrast, count and success, and the number left out is reported beside it; a record without a verdict (made before the rule existed) stays in."
+    kept = [r for r in records if r.get("settled") is not False]
+    return kept, len(records) - len(kept)
+
+def contrast_interval(by_base: dict,            # base -> its per-seed values (paired differences, or one arm's metric)
+                      confidence: float = 0.95,
+                     ) -> dict:                 # mean, lo, hi, se, df, rule, bases, n
+    "The one interval of a contrast: the wider of `within_base_interval` and `across_base_interval` (with its df), or with one base the within-base interval; `rule` says which it is."
+    w, B = within_base_interval(by_base, confidence), len(by_base)
+    n = sum(len(np.asarray(v).ravel()) for v in by_base.values())
+    if B == 1: return {**w, "rule": "within one base", "bases": 1, "n": n}
+    x = across_base_interval(by_base, confidence)
+    width = lambda r: r["hi"] - r["lo"] if math.isfinite(r["hi"] - r["lo"]) else -math.inf  # no interval (no spread) is never the wider
+    pick, rule = (x, "across bases") if width(x) >= width(w) else (w, "within base (wider)")
+    return {"mean": x["mean"], "lo": pick["lo"], "hi": pick["hi"], "se": pick["se"], "df": pick["df"], "rule": rule, "bases": B, "n": n}
+
 # %% ../nbs/08a_comparisons.ipynb #035d2e5a
 def coverage(sigma_base: float,       # standard deviation of the base effect u_b
              sigma_seed: float,       # standard deviation of the seed effect e_bs
@@ -86,8 +106,8 @@ def coverage(sigma_base: float,       # standard deviation of the base effect u_
         y = {b: rng.normal(u_b, sigma_seed, seeds) for b, u_b in enumerate(rng.normal(0, sigma_base, bases))}
         ci = stats.ttest_1samp(np.concatenate(list(y.values())), 0.0).confidence_interval()
         hits["seeds as one sample"] += ci.low <= 0 <= ci.high
-        for name, f in (("within base", within_base_interval), ("across bases", across_base_interval)):
-            r = f(y); hits[name] += r["lo"] <= 0 <= r["hi"]
+        for name, f in (("within base", within_base_interval), ("across bases", across_base_interval), ("the rule", contrast_interval)):
+            r = f(y); hits[name] = hits.get(name, 0) + (r["lo"] <= 0 <= r["hi"])
         if mixedlm:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

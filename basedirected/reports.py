@@ -15,7 +15,7 @@ import torch
 
 from .base import SurprisalCache
 from .cluster import read_records
-from .comparisons import across_base_interval, sign_flip_pvalue, variance_components, within_base_interval
+from .comparisons import across_base_interval, contrast_interval, settled_runs, sign_flip_pvalue, variance_components, within_base_interval
 from .experiments import SweepDir, current_names
 from .reconstruction import TERM_NAMES
 from .pretrained import shipped_name
@@ -219,7 +219,7 @@ def _pairs(objs: dict, a: str, b: str, metric: str) -> tuple[list[tuple], list[f
     units, diffs, unsettled = [], [], 0
     for u in sorted(set(objs[a]) & set(objs[b]), key=lambda u: tuple(-1 if v is None else v for v in u)):
         x, y = objs[a][u], objs[b][u]
-        if x.get("settled") is False or y.get("settled") is False: unsettled += 1; continue  # no conclusion from a run still moving
+        if settled_runs([x, y])[1]: unsettled += 1; continue  # the one policy (notebook 08a): no conclusion from a run still moving
         if isinstance(x.get(metric), (int, float)) and isinstance(y.get(metric), (int, float)): units.append(u); diffs.append(x[metric] - y[metric])
     return units, diffs, unsettled
 
@@ -256,7 +256,7 @@ def success_counts(records: list[dict],  # one metrics record per run
     for r in records:
         if r.get("latent") == "discrete": by.setdefault((r["regime"], _cell(r), r.get("posterior"), r.get("K"), _arm(r)), []).append(r)
     ok = lambda r: all(isinstance(r.get(k), (int, float)) and r[k] >= v for k, v in SUCCESS.items())
-    settled = lambda rs: [r for r in rs if r.get("settled") is not False]  # a run still moving counts neither way
+    settled = lambda rs: settled_runs(rs)[0]  # the one policy (notebook 08a): a run still moving counts neither way
     return [{"regime": g[0], "cell": g[1], "posterior": g[2], "K": g[3], "objective": g[4],
              **rate_record("success", sum(map(ok, settled(rs))), len(settled(rs))), "unsettled": len(rs) - len(settled(rs))}
             for g, rs in sorted(by.items(), key=lambda kv: tuple(map(str, kv[0])))]
@@ -265,7 +265,7 @@ def success_counts(records: list[dict],  # one metrics record per run
 def base_contrasts(records: list[dict],                        # one metrics record per run
                    metrics: tuple[str, ...] = PAIRED_METRICS,  # the metrics compared
                   ) -> list[dict]:                             # a row per (task, cell, comparison, metric) with >= 2 bases
-    "Paired contrasts with the base as a factor: within-base and across-base intervals, the exact sign-flip p over units, the variance components; Holm across tasks on the across-base p."
+    "Paired contrasts with the base as a factor: the rule's interval (`contrast_interval`: `lo`, `hi`, `df`, `rule`) beside the within-base and across-base ones, the exact sign-flip p over units, the variance components; Holm across tasks on the across-base p."
     rows = []
     for (regime, cell, posterior, K), objs in sorted(_paired_units(records).items(), key=lambda kv: tuple(map(str, kv[0]))):
         for a, b in _comparisons(objs):
@@ -274,11 +274,12 @@ def base_contrasts(records: list[dict],                        # one metrics rec
                 by_base = {}
                 for (base, _), d in zip(units, diffs): by_base.setdefault(base, []).append(d)
                 if len(by_base) < 2: continue
-                w, x = within_base_interval(by_base), across_base_interval(by_base)
+                w, x, rule = within_base_interval(by_base), across_base_interval(by_base), contrast_interval(by_base)
                 try: vc = variance_components(by_base)
                 except ValueError: vc = {}
                 rows.append({"regime": regime, "cell": cell, "posterior": posterior, "K": K, "comparison": f"{a} - {b}", "metric": m,
-                             "bases": len(by_base), "n": len(diffs), "mean": x["mean"], "within_lo": w["lo"], "within_hi": w["hi"],
+                             "bases": len(by_base), "n": len(diffs), "mean": x["mean"], "lo": rule["lo"], "hi": rule["hi"], "df": rule["df"],
+                             "rule": rule["rule"], "within_lo": w["lo"], "within_hi": w["hi"],
                              "across_lo": x["lo"], "across_hi": x["hi"], "across_p": x["p"],
                              "sign_flip_p": sign_flip_pvalue(diffs) if len(diffs) <= 20 else float("nan"),
                              "var_base": vc.get("var_base", float("nan")), "var_seed": vc.get("var_seed", float("nan")),
@@ -296,7 +297,7 @@ def metric_components(records: list[dict],                        # one metrics 
             for m in metrics:
                 by_base = {}
                 for (base, _), r in sorted(units.items(), key=lambda kv: tuple(-1 if v is None else v for v in kv[0])):
-                    if r.get("settled") is not False and isinstance(r.get(m), (int, float)): by_base.setdefault(base, []).append(r[m])
+                    if settled_runs([r])[0] and isinstance(r.get(m), (int, float)): by_base.setdefault(base, []).append(r[m])
                 try: vc = variance_components(by_base)
                 except ValueError: continue  # fewer than two bases with two seeds each
                 rows.append({"regime": regime, "cell": cell, "posterior": posterior, "K": K, "arm": arm, "metric": m, "bases": len(by_base),
@@ -534,12 +535,12 @@ ANSWER_METRIC = "gen_alignment_controlled_all_excess"  # what the answer compare
 
 def answer_rows(records: list[dict],  # one metrics record per run
                ) -> list[dict]:       # one row per (task, cell, posterior, K, comparison)
-    "Every J_theta arm minus every other arm in controlled alignment above chance, with its 95 % t interval across bases where there are several (else over seeds on the one base), unsettled pairs left out."
+    "Every J_theta arm minus every other arm in controlled alignment above chance, with the rule's 95 % interval where there are several bases (`contrast_interval`: the wider of across and within bases), else over seeds on the one base, unsettled pairs left out."
     across = {(r["regime"], r["cell"], r["posterior"], r["K"], r["comparison"]): r for r in base_contrasts(records, (ANSWER_METRIC,))}
     rows = []
     for r in paired_statistics(records, (ANSWER_METRIC,)):
         a = across.get((r["regime"], r["cell"], r["posterior"], r["K"], r["comparison"]))
-        lo, hi, unit = (a["across_lo"], a["across_hi"], f"{r['n']} pairs on {a['bases']} bases, interval across bases") if a else \
+        lo, hi, unit = (a["lo"], a["hi"], f"{r['n']} pairs on {a['bases']} bases, interval {a['rule']}") if a else \
                        (r["ci_lo"], r["ci_hi"], f"{r['n']} seed{'s' * (r['n'] != 1)} on one base")
         if r["n"] < 2: lo = hi = float("nan")  # one pair: no interval
         mean = a["mean"] if a else r["mean"]  # across bases: the mean of the bases' means, the centre of its interval

@@ -69,3 +69,47 @@ def test_sign_flip_floor_and_refusals():
     assert sign_flip_pvalue([0.1] * 12) == 2 / 4096
     with pytest.raises(ValueError, match="at most 20"): sign_flip_pvalue(np.ones(21))
     with pytest.raises(ValueError, match="finite"): sign_flip_pvalue([1.0, float("inf")])
+
+
+# --- the rules every page applies: one function each ---------------------------------------------------------------
+
+def _records(rng):
+    "J_theta and dist on 3 bases x 4 seeds of one task and cell, one dist run unsettled."
+    out = []
+    for base, seed, obj in itertools.product(range(3), range(4), ("theta", "dist")):
+        out.append({"key": f"k-{obj}-b{base}-s{seed}", "regime": "sorting", "latent": "discrete", "posterior": "exact", "K": 3, "objective": obj,
+                    "alpha": 0.5, "gamma": 1.0, "tau_target": 0.07, "base_seed": base, "seed": seed, "settled": not (obj == "dist" and base == 1 and seed == 2),
+                    "gen_alignment_controlled_all": float(rng.uniform(0.8, 1.0)), "gen_alignment_controlled_all_null": 0.36,
+                    "gen_alignment_controlled_all_excess": float(rng.uniform(0.4, 0.6)), "gen_answer_rate": 0.99, "I_zs_norm": float(rng.uniform(0.5, 1))})
+    return out
+
+
+def test_every_report_leaves_out_unsettled_runs_and_states_intervals_through_the_one_rule(monkeypatch):
+    "paired statistics, success counts, base contrasts, variance components and the answer each call settled_runs; every across-base figure is contrast_interval's."
+    import basedirected.reports as reports
+    from basedirected.comparisons import contrast_interval, settled_runs
+    calls = {"settled_runs": 0, "contrast_interval": 0}
+    def spy(name, f):
+        def wrapped(*a, **k): calls[name] += 1; return f(*a, **k)
+        return wrapped
+    monkeypatch.setattr(reports, "settled_runs", spy("settled_runs", settled_runs))
+    monkeypatch.setattr(reports, "contrast_interval", spy("contrast_interval", contrast_interval))
+    records = _records(np.random.default_rng(0))
+    for report in (reports.paired_statistics, reports.success_counts, reports.base_contrasts, reports.metric_components, reports.answer_rows):
+        before = dict(calls)
+        rows = report(records)
+        assert calls["settled_runs"] > before["settled_runs"], report.__name__
+    contrasts = reports.base_contrasts(records, ("gen_alignment_controlled_all_excess",))
+    (c,) = contrasts
+    assert calls["contrast_interval"] > 0 and c["unsettled_left_out"] == 1 and c["n"] == 11
+    by_base = {}
+    for r in records:
+        if r["objective"] == "theta" and not (r["base_seed"] == 1 and r["seed"] == 2):
+            d = next(x for x in records if x["objective"] == "dist" and (x["base_seed"], x["seed"]) == (r["base_seed"], r["seed"]))
+            by_base.setdefault(r["base_seed"], []).append(r["gen_alignment_controlled_all_excess"] - d["gen_alignment_controlled_all_excess"])
+    rule = contrast_interval(by_base)
+    assert (c["lo"], c["hi"], c["rule"]) == (rule["lo"], rule["hi"], rule["rule"])
+    (a,) = [r for r in reports.answer_rows(records) if r["comparison"] == "theta - dist"]
+    assert (a["lo"], a["hi"]) == (rule["lo"], rule["hi"]) and rule["rule"] in a["unit"]
+    (s,) = [s for s in reports.success_counts(records) if s["objective"] == "dist"]
+    assert (s["success_n"], s["unsettled"]) == (11, 1)
