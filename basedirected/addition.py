@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from .tasks import Example, Task, TaskCheck
+from .tasks import Example, Task, TaskCheck, check_surface_forms, surface_tokens
 
 # %% auto #0
 __all__ = ['PROCEDURES', 'addition_input', 'operands', 'right_to_left_steps', 'left_to_right_steps', 'place_value_steps',
@@ -89,22 +89,24 @@ class Addition(Task):
     min_digits: int = 3
     max_digits: int = 4
     strategies: tuple[str, ...] = ("right_to_left", "left_to_right", "place_value")
+    surface_forms: int = 1  # response entropy: each digit, plus and comma written as one of this many interchangeable forms (notebook 05)
 
     def __post_init__(self):
         if not 2 <= self.min_digits <= self.max_digits <= 5: raise ValueError(f"need 2 <= min_digits <= max_digits <= 5, got {self.min_digits}, {self.max_digits}")
         unknown = [s for s in self.strategies if s not in PROCEDURES]
         if unknown or len(set(self.strategies)) < 2: raise ValueError(f"strategies must be >= 2 distinct of {list(PROCEDURES)}, got {self.strategies}")
+        check_surface_forms(self.surface_forms)
 
     @classmethod
     def short(cls, **kw): return cls(**{"min_digits": 2, "max_digits": 3, **kw})
     @classmethod
     def long(cls, **kw): return cls(**{"min_digits": 4, "max_digits": 5, **kw})
     @property
-    def tokens(self) -> tuple[str, ...]: return tuple(str(d) for d in range(10)) + ("+", ",")
+    def tokens(self) -> tuple[str, ...]: return surface_tokens(tuple(str(d) for d in range(10)) + ("+", ","), self.surface_forms)
     # the interface, each method defined and checked in its own section below
-    def render(self, x, strategy: int, rng: random.Random | None = None) -> tuple[str, ...]: return render_trace(self, x, strategy)
+    def render(self, x, strategy: int, rng: random.Random | None = None) -> tuple[str, ...]: return self.dress(render_trace(self, x, strategy), rng)
     def sample_input(self, rng: random.Random): return sample_input(self, rng)  # `Task.sample` draws s and renders
-    def check(self, x, y) -> TaskCheck: return check_trace(self, x, y)
+    def check(self, x, y) -> TaskCheck: return check_trace(self, x, self.canonical(y))  # every surface form read back as its token
     def answer(self, x) -> str: return answer(x)
 
 # %% ../nbs/05d_addition.ipynb #79f9a0a4

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from .tasks import Example, Task, TaskCheck
+from .tasks import Example, Task, TaskCheck, check_surface_forms, surface_tokens
 
 # %% auto #0
 __all__ = ['ALGORITHMS', 'bubble_states', 'insertion_states', 'selection_states', 'answer', 'Sorting', 'render_trace', 'tied',
@@ -72,23 +72,25 @@ class Sorting(Task):
     max_digits: int = 6
     strategies: tuple[str, ...] = ("bubble", "insertion", "selection")
     tie_fraction: float = 0.05  # fraction of inputs on which two or more algorithms write the same trace
+    surface_forms: int = 1      # response entropy: each digit and bar written as one of this many interchangeable forms (notebook 05)
 
     def __post_init__(self):
         if not 3 <= self.min_digits <= self.max_digits <= 7: raise ValueError(f"need 3 <= min_digits <= max_digits <= 7, got {self.min_digits}, {self.max_digits}")
         unknown = [s for s in self.strategies if s not in ALGORITHMS]
         if unknown or len(set(self.strategies)) < 2: raise ValueError(f"strategies must be >= 2 distinct of {sorted(ALGORITHMS)}, got {self.strategies}")
         if not 0 <= self.tie_fraction <= 1: raise ValueError(f"tie_fraction must lie in [0, 1], got {self.tie_fraction}")
+        check_surface_forms(self.surface_forms)
 
     @classmethod
     def short(cls, **kw): return cls(**{"min_digits": 4, "max_digits": 5, **kw})
     @classmethod
     def long(cls, **kw): return cls(**{"min_digits": 6, "max_digits": 7, **kw})
     @property
-    def tokens(self) -> tuple[str, ...]: return tuple(str(d) for d in range(10)) + ("|",)
+    def tokens(self) -> tuple[str, ...]: return surface_tokens(tuple(str(d) for d in range(10)) + ("|",), self.surface_forms)
     # the interface, each method defined and checked in its own section below
-    def render(self, x, strategy: int, rng: random.Random | None = None) -> tuple[str, ...]: return render_trace(self, x, strategy)
+    def render(self, x, strategy: int, rng: random.Random | None = None) -> tuple[str, ...]: return self.dress(render_trace(self, x, strategy), rng)
     def sample_input(self, rng: random.Random): return sample_input(self, rng)  # `Task.sample` draws s and renders
-    def check(self, x, y) -> TaskCheck: return check_trace(self, x, y)
+    def check(self, x, y) -> TaskCheck: return check_trace(self, x, self.canonical(y))  # every surface form read back as its token
     def answer(self, x) -> str: return answer(x)
 
 # %% ../nbs/05b_sorting.ipynb #7db32872

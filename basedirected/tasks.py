@@ -21,9 +21,9 @@ from .conventions import patch
 from .objective import ReconstructionLossConfig, loss_token_weights
 
 # %% auto #0
-__all__ = ['SPECIALS', 'Example', 'TaskCheck', 'wilson_interval', 'rate_record', 'prefix_surprisal', 'Task', 'task_from_dict',
-           'task_class', 'make_task', 'Vocab', 'check_task', 'make_splits', 'epoch_permutation', 'batch_indices',
-           'example_record', 'export_jsonl', 'break_even_beta']
+__all__ = ['FORM_MARK', 'SPECIALS', 'Example', 'TaskCheck', 'wilson_interval', 'rate_record', 'prefix_surprisal', 'Task',
+           'surface_tokens', 'check_surface_forms', 'task_from_dict', 'task_class', 'make_task', 'Vocab', 'check_task',
+           'make_splits', 'epoch_permutation', 'batch_indices', 'example_record', 'export_jsonl', 'break_even_beta']
 
 # %% ../nbs/05_tasks.ipynb #c7a84b6f
 @dataclass(frozen=True)
@@ -145,19 +145,60 @@ def answer(self: Task, x,     # the input
     "The final answer every valid trace on `x` reaches (exported with the data); None if the task has none."
     return None
 
+# %% ../nbs/05_tasks.ipynb #1f969c9f
+FORM_MARK = "~"  # a token's k-th surface form is the token, the mark and k (k >= 1; the 0th is the token itself)
+
+def surface_tokens(tokens: tuple[str, ...],  # a task's own tokens
+                   forms: int,               # m, the forms of each (1: the tokens alone)
+                  ) -> tuple[str, ...]:      # the tokens, then every further form
+    "A task's vocabulary with `forms` surface forms of each of its tokens (unchanged for one form, so bases trained before the knob still load)."
+    return tuple(tokens) + tuple(f"{t}{FORM_MARK}{k}" for k in range(1, forms) for t in tokens)
+
+def check_surface_forms(forms,  # a task's surface_forms field
+                       ) -> None:
+    "Refuse (`ValueError`, naming the field) a number of surface forms that is not an integer in [1, 64]."
+    if isinstance(forms, bool) or not isinstance(forms, int) or not 1 <= forms <= 64:
+        raise ValueError(f"surface_forms must be an integer in [1, 64] (1: each token has one form), got {forms!r}")
+
+@patch
+def dress(self: Task, trace: tuple[str, ...],       # a canonical trace
+          rng: random.Random | None = None,         # draws each token's form (None: every token in its canonical form)
+         ) -> tuple[str, ...]:
+    "The trace as written: each of the task's own tokens in one of its `surface_forms` forms, drawn uniformly and independently of the strategy (no draw at one form)."
+    m = getattr(self, "surface_forms", 1)
+    if m == 1 or rng is None: return tuple(trace)
+    own = set(self.tokens)
+    return tuple(t if t not in own or (k := rng.randrange(m)) == 0 else f"{t}{FORM_MARK}{k}" for t in trace)
+
+@patch
+def canonical(self: Task, y,  # any response, as tokens
+             ) -> tuple[str, ...]:
+    "The canonical trace a response writes: each form read back as its token; a token with no such form stays as written (and fails the check)."
+    m = getattr(self, "surface_forms", 1)
+    if m == 1: return tuple(y)
+    def read(t):
+        base, mark, k = str(t).rpartition(FORM_MARK)
+        return base if mark and k.isdigit() and 1 <= int(k) < m and f"{base}{FORM_MARK}{k}" in self.tokens else t
+    return tuple(read(t) for t in y)
+
 # %% ../nbs/05_tasks.ipynb #011735ab
 @patch
 def ideal_surprisal(self: Task, example: Example,  # a (x, y, s) triple
                    ) -> list[float] | None:        # one value per token of y, or None where not computable
-    "Surprisal of each token of `example.y` under the true z-free $p(y|x)$ (`</y>` costs 0); None where not computable."
-    return prefix_surprisal([self.render(example.x, s) for s in range(len(self.strategies))], self.strategy_prior(example.x),
-                            example.y) if self.deterministic else None
+    "Surprisal of each token of `example.y` under the true z-free $p(y|x)$ (`</y>` costs 0); None where not computable. A token written in one of $m$ surface forms costs $\\log m$ more."
+    if not self.deterministic: return None
+    y = self.canonical(example.y)
+    steps = prefix_surprisal([self.render(example.x, s) for s in range(len(self.strategies))], self.strategy_prior(example.x), y)
+    if getattr(self, "surface_forms", 1) == 1: return steps
+    return [b + f for b, f in zip(steps, self.oracle_surprisal(example))]
 
 @patch
 def oracle_surprisal(self: Task, example: Example,  # a (x, y, s) triple
                     ) -> list[float] | None:        # one value per token of y, or None where not computable
-    "The same under $p(y|x,s)$ with the true strategy known ($z = s$); None where not computable."
-    return [0.0] * len(example.y) if self.deterministic else None
+    "The same under $p(y|x,s)$ with the true strategy known ($z = s$): the surface forms' $\\log m$ on each of the task's own tokens (0 with one form); None where not computable."
+    if not self.deterministic: return None
+    m, own = getattr(self, "surface_forms", 1), set(self.tokens)
+    return [math.log(m) if m > 1 and t in own else 0.0 for t in self.canonical(example.y)]
 
 @patch
 def generate(self: Task, n: int,  # examples
@@ -168,7 +209,11 @@ def generate(self: Task, n: int,  # examples
     return [self.sample(rng) for _ in range(n)]
 
 @patch
-def to_dict(self: Task) -> dict: return {"name": self.name, **asdict(self)}
+def to_dict(self: Task) -> dict:
+    "The task as its run records it (`task_from_dict` reads it back); one surface form is left unwritten, so records from before the knob are the same task."
+    d = {"name": self.name, **asdict(self)}
+    if d.get("surface_forms") == 1: del d["surface_forms"]
+    return d
 
 # %% ../nbs/05_tasks.ipynb #224644e7
 def _canonical(cls: type) -> type:
@@ -333,8 +378,10 @@ def break_even_beta(task: Task,                       # a task with ideal and or
     W = loss_token_weights(b, mask, c_ref, loss).float()
     gain, rate, T = (W * delta).sum(-1), delta.sum(-1), mask.sum(-1).float()
     reveal = delta > 1e-9
+    surprisal = (b * mask).sum()
     has = reveal.any(-1)
     share = ((W * reveal).sum(-1) / W.sum(-1))[has] / (reveal.sum(-1) / T)[has]
     return {"beta_star": gain.mean().item() / rate.mean().item(), "strategy_nats": rate.mean().item(),
             "objective_gain": gain.mean().item(), "reveal_weight": share.mean().item() if bool(has.any()) else float("nan"),
+            "revealing_share": ((b * mask * reveal).sum() / surprisal).item() if surprisal > 0 else float("nan"),
             "T_y_mean": T.mean().item(), "T_y_min": T.min().item(), "T_y_max": T.max().item(), "inv_T_y_mean": (1 / T).mean().item()}

@@ -270,3 +270,41 @@ def test_a_re_executed_task_definition_does_not_break_the_json_round_trip():
     task = module.VisitingOrder.late()
     exec(compile(open(module.__file__).read(), module.__file__, "exec"), {"__name__": module.__name__})
     assert task_from_dict(task.to_dict()) == task
+
+
+# --- response entropy: surface forms ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make", [Sorting, Addition], ids=["sorting", "addition"])
+@pytest.mark.parametrize("forms", [1, 2, 4, 8])
+def test_every_dressed_trace_reads_back_to_its_strategys_trace(make, forms):
+    "For every level and strategy, a response written in surface forms is checked as its canonical trace: valid, that strategy's, answer right."
+    import math
+    import random
+    task, rng = make(surface_forms=forms), random.Random(forms)
+    for _ in range(60):
+        x = task.sample_input(rng)
+        for s in range(len(task.strategies)):
+            y = task.render(x, s, rng)
+            assert task.canonical(y) == task.render(x, s) and len(y) == len(task.render(x, s))  # the same positions, read back
+            c = task.check(x, y)
+            assert c.valid and s in c.strategies and c.answer_correct
+            assert set(y) <= set(task.tokens) | {"="}
+    e = task.generate(1, 3)[0]  # a perfect base pays log m on each of the task's own tokens, the strategy's surprisal unchanged
+    own = [t in make().tokens for t in task.canonical(e.y)]
+    assert task.oracle_surprisal(e) == [math.log(forms) if o and forms > 1 else 0.0 for o in own]
+    plain = make().ideal_surprisal(type(e)(e.x, task.canonical(e.y), e.strategy))
+    assert all(abs(a - (b + f)) < 1e-12 for a, b, f in zip(task.ideal_surprisal(e), plain, task.oracle_surprisal(e)))
+
+
+def test_surface_forms_are_drawn_when_there_are_several_and_refused_when_bad():
+    import random
+    y = Sorting(surface_forms=4).render((5, 3, 9, 1, 0), 0, random.Random(0))
+    assert any("~" in t for t in y) and Sorting(surface_forms=4).to_dict()["surface_forms"] == 4 and "surface_forms" not in Sorting().to_dict()
+    assert Sorting().tokens == Sorting(surface_forms=1).tokens and len(Sorting(surface_forms=3).tokens) == 3 * len(Sorting().tokens)
+    for bad in (0, 65, 2.0, True, "2"):
+        with pytest.raises(ValueError, match="surface_forms must be an integer in \\[1, 64\\]"): Sorting(surface_forms=bad)
+        with pytest.raises(ValueError, match="surface_forms must be an integer in \\[1, 64\\]"): Addition(surface_forms=bad)
+    task = Sorting(surface_forms=2)  # a form the task does not have is no token of its trace
+    x = (5, 3, 9, 1, 0)
+    wrong = tuple(t + "~7" if i == 0 else t for i, t in enumerate(task.render(x, 0)))
+    assert not task.check(x, wrong).valid
