@@ -85,9 +85,9 @@ class PackJob:
             # the first job of a base trains it, under the base's lock; the others wait and reuse it
             # the bases its cells' tasks use (a candidate another job prepared is reused, under its lock); a skipped base's cells are not trained
             every = [s for s in plan(self.preset) if s.regime in {c.regime for c in self.specs}]
-            first = {(s.regime, s.config.data_seed): s for s in every}
+            first = {s.shared_base: s for s in every}
             usable = selected_bases(self.preset, every, lambda keys: [prepare_shared_base(self.out, first[k], self.device) for k in keys])
-            specs = [s for s in self.specs if usable[(s.regime, s.config.data_seed)]]
+            specs = [s for s in self.specs if usable[s.shared_base]]
             if specs: run_pack(self.out, specs, self.device, False, self.compile)  # under the cells' locks: a second job of a cell waits, then finds it finished
         finally: torch.set_num_threads(threads)
         return self.keys

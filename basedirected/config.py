@@ -36,7 +36,8 @@ __all__ = ['LR_SCHEDULES', 'MAX_LR', 'MAX_KL_WEIGHT', 'ADAPT_MODES', 'OPTIMIZERS
            'objective_training', 'pretrained_overrides', 'default_changes', 'resolve_config', 'resolve_hf_config',
            'field_comments', 'add_dataclass_options', 'dataclass_from_args', 'Coordinate', 'Option', 'option_help',
            'OneLineParser', 'build_parser', 'coordinates', 'coordinate_name', 'coordinate_key', 'coordinate_record',
-           'coordinate_label', 'base_choice', 'config_from_args', 'hf_config_from_args', 'command_argv']
+           'coordinate_label', 'task_coordinates', 'base_choice', 'config_from_args', 'hf_config_from_args',
+           'command_argv']
 
 # %% ../nbs/09_config.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
@@ -501,6 +502,7 @@ class Coordinate:
     key: str                     # its part of a cell's key, a format of the value: 'clip{:g}' writes '-clip1e+06'
     label: str                   # its words in a table's label where it is not the default, a format of the value: ' clip {:g}'
     record_default: bool = True  # False: a record holds it only where it is not the default (older collections' records lack it: theirs stay the same cells)
+    default: object = ...        # the value that is no coordinate (`...`: the configuration's default at the option's path)
 
 @dataclass(frozen=True)
 class Option:
@@ -557,6 +559,9 @@ TASK_OPTIONS: tuple[Option, ...] = (  # the synthetic task and the base model th
            f"{n}: {_inherited_comment(c, 'tie_fraction')}" for n, c in Task.registry.items()
            if c.__module__.startswith("basedirected.") and "tie_fraction" in c.__dataclass_fields__)
            + "; the other tasks have none (default: the regime's)", default=None, type=float, backbones=_TINY),
+    Option("--surface-forms", "task.surface_forms", "task", "response entropy: each of the task's own response tokens written as one of this many "
+           "interchangeable forms, drawn independently of the strategy (sorting, addition; notebook 05)", default=None, type=int, backbones=_TINY,
+           note="(default 1: one form)", coordinate=Coordinate("forms{}", " forms {}", record_default=False, default=1)),
     Option("--n-train", "n_train", "task", default=None, type=int, backbones=_TINY, note=f"({_RECIPE}20000)"),
     Option("--n-eval", "n_eval", "task"),
     Option("--base-steps", "base.steps", "base model p_theta", default=None, type=int, backbones=_TINY,
@@ -648,8 +653,11 @@ def _field(obj, path: str):
     return obj
 
 def _config_of(o: Option):
-    "A default configuration holding the field `o` sets: the small transformer's where it applies, else the Hugging Face one's."
-    return RunConfig() if "tiny" in o.backbones else HFRunConfig("", "")
+    "A default configuration holding the field `o` sets: the small transformer's where it applies (a `task.` field: with the first registered task that has it), else the Hugging Face one's."
+    if "tiny" not in o.backbones: return HFRunConfig("", "")
+    if o.path and o.path.startswith("task."):
+        return RunConfig(task=next(c() for c in Task.registry.values() if o.path[5:] in getattr(c, "__dataclass_fields__", {})))
+    return RunConfig()
 
 def option_help(o: Option,             # one of OPTIONS
                 hf_only: bool = False,  # for basedirected-hf-train: the default a Hugging Face run takes
@@ -734,7 +742,11 @@ def coordinate_name(path: str) -> str:
     "A coordinate's column in a record, `results.csv` and a report's grouping: its field's name."
     return path.rsplit(".", 1)[-1]
 
-def _default_at(o: Option): return _field(_config_of(o), o.path)
+def _default_at(o: Option): return _field(_config_of(o), o.path) if o.coordinate.default is ... else o.coordinate.default
+
+def _field_or_none(obj, path: str):  # a task's field where the task has it (surface forms: sorting and addition)
+    try: return _field(obj, path)
+    except AttributeError: return None
 
 def coordinate_key(knobs: dict[str, object],  # configuration path -> value: what a preset sets beyond its grid
                   ) -> str:                    # e.g. '-clip1e+06-lr0.0003'
@@ -745,8 +757,8 @@ def coordinate_key(knobs: dict[str, object],  # configuration path -> value: wha
     return "".join("-" + rows[p].coordinate.key.format(knobs[p]) for p in rows if p in knobs)
 
 def coordinate_record(config) -> dict[str, object]:  # a RunConfig
-    "A cell's coordinates as its record holds them: each one's value in `config`, by its column name."
-    values = {p: _field(config, p) for p in coordinates()}
+    "A cell's coordinates as its record holds them: each one's value in `config`, by its column name (one its task lacks: none)."
+    values = {p: v for p in coordinates() if (v := _field_or_none(config, p)) is not None}
     return {coordinate_name(p): v for p, v in values.items() if coordinates()[p].coordinate.record_default or v != _default_at(coordinates()[p])}
 
 def coordinate_label(record: dict) -> str:  # a run's record (or a row of results.csv)
@@ -754,6 +766,10 @@ def coordinate_label(record: dict) -> str:  # a run's record (or a row of result
     rows = coordinates()
     return "".join(o.coordinate.label.format(v) for p, o in rows.items()
                    if (v := record.get(coordinate_name(p))) is not None and v != _default_at(o))
+
+def task_coordinates(config) -> dict[str, object]:  # a RunConfig
+    "The coordinates its task sets away from their defaults (`task.surface_forms`): what makes a base of the same task and data seed another base."
+    return {p: v for p, o in coordinates().items() if p.startswith("task.") and (v := _field_or_none(config, p)) is not None and v != _default_at(o)}
 
 # %% ../nbs/09_config.ipynb #6f3af1a0
 _LEAF_FLAGS = {**{o.path.rsplit(".", 1)[-1]: o.flag for o in OPTIONS if o.path}, "prior": "--prior", "tie_fraction": "--tie-fraction"}

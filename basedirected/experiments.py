@@ -30,7 +30,7 @@ from .objective import OBJECTIVE_NAMES, objectives
 from .pretrained import BASE_FILES
 from .runs import RunDir, atomic_write_bytes, atomic_write_json, base_source, check_writable, exclusive_run_dir, check_gate_record, file_lock, load_base, load_checkpoint, prepare_base, prepare_gate, prepare_reference_scale, prepare_run, read_json, remove_temporaries, run_vocab, write_command
 from .machine import environment_record, resolve_device, use_numerics
-from .config import RunConfig, command_argv, coordinate_key, coordinate_record, coordinates, resolve_config
+from .config import RunConfig, command_argv, coordinate_key, coordinate_record, coordinates, resolve_config, task_coordinates
 from .tasks import Task, make_splits
 from .train import BaseGateError, complete, train_run
 from .groups import pack_groups, train_group
@@ -212,6 +212,33 @@ PRESETS.update({
                        failed_bases="skip", regimes=("addition",), cvae_steps=800, evals=10),
 })
 
+# %% ../nbs/11_experiments.ipynb #7e4f962e
+# the regime of a language model (notebook 05e), fixed before it runs: sorting at three levels of response entropy, each response token written
+# as one of m = 1, 2, 4 interchangeable forms (c_theta of a perfect base 0.036, 0.68, 1.33 nats per token; the top level above 1 nat), each level
+# on the first 3 gated bases of its candidates (0-5) with 4 CVAE seeds, 700 steps (sorting's settling time), every run past the stopping rule and
+# across-base intervals by contrast_interval (notebook 08a). Written before any run, from notebook 05e's algebra:
+# 1. the rescaling, dist - cELBO at equal beta 0.05: at m = 1 dist sits at 0.05 of its break-even and the cELBO at 1.4 of its own, so dist uses z
+#    and the cELBO collapses (as in the study); at m = 2 dist sits at its break-even (tau about 1.0) and at m = 4 above it (1.9), like the cELBO
+#    at every level: the contrast in rate and alignment excess shrinks with c_theta and is not resolved from 0 at m = 4;
+# 2. token weighting, J_theta - dist at tau 0.07: not resolved from 0 at any level at the default dose (alpha 0.5, gamma 1), where the revealing
+#    weight falls from 1.86 to 1.27; at the strong doses the generation damage that (alpha 0, gamma 2) did at m = 1 (answers 0-2.7 %) shrinks as
+#    their revealing weight falls (alpha 0.05, gamma 2: from about 10 to 2.3), so answers at m = 4 are higher than at m = 1 for both;
+# 3. J_theta - cELBO at tau 0.07: not resolved from 0 at any level (the settled study at m = 1: +0.011 [-0.009, +0.032]); no direction predicted
+#    for m = 2 and 4;
+# 4. at m = 4, the cELBO with free bits and with a cyclical schedule at tau 0.07 name the strategy as often as J_theta (no resolved difference).
+# Size: 276 runs of 700 steps and 6 bases trained here (m = 2 and 4); about 2 hours of cells on 2 cores if the bases pass the gate at sorting's
+# 5,000 steps (not yet measured with forms): --only by level splits it into sittings
+PRESETS.update({
+    "entropy": Preset("entropy", ("theta", "dist", "celbo"), "the regime of a language model: sorting at three levels of response entropy "
+                      "(surface forms 1, 2, 4; c_theta about 0.04, 0.7, 1.3 nats per token), 3 gated bases x 4 seeds each: dist and the cELBO at "
+                      "beta 0.05; dist, the cELBO and J_theta at three doses at tau 0.07; free bits and a cyclical schedule at the top level",
+                      taus=(0.07,), seeds=(0, 1, 2, 3), base_seeds=tuple(range(6)), bases_needed=3, failed_bases="skip", regimes=("sorting",),
+                      alpha_gamma=((0.5, 1.0), (0.2, 2.0), (0.05, 2.0)), cvae_steps=700, evals=10,
+                      arms=(*({"task.surface_forms": m, "objectives": ("celbo", "dist"), "taus": (), "betas": (0.05,)} for m in (1, 2, 4)),
+                            *({"task.surface_forms": m} for m in (2, 4)),
+                            {"task.surface_forms": 4, "objectives": ("celbo_free_bits", "celbo_cyclical")})),
+})
+
 # %% ../nbs/11_experiments.ipynb #b680e759
 PRESETS.update({
     "paper": Preset("paper", ("theta", "dist", "celbo"), "the study's design at the paper's model size with 20 seeds, two tau, an equal-beta "
@@ -243,6 +270,10 @@ class RunSpec:
     bases_needed: int | None = None      # its preset's (or arm's) bases_needed: how many of its task's candidate bases the sweep uses
 
     def command(self, run_dir: str) -> str: return shlex.join(["basedirected-train", "--run-dir", run_dir, *self.argv])
+    @property
+    def shared_base(self) -> tuple[str, int]:
+        "The shared base the cell adapts from: its task (or regime) with the task's coordinates ('sorting-forms2'), and its data seed."
+        return self.regime + coordinate_key(task_coordinates(self.config)), self.config.data_seed
 
 # %% ../nbs/11_experiments.ipynb #d4ff3441
 def cell_overrides(preset: Preset,              # the sweep's sizes
@@ -305,7 +336,7 @@ def plan_cost(preset: Preset,
     def params(cfg): m = cfg.base.model; return m.n_layers * (4 * m.d_model ** 2 + 2 * m.d_model * m.d_ff) + (len(run_vocab(cfg)) + m.max_len) * m.d_model
     run_steps = sum(s.config.train.steps for s in specs)
     run_flop = sum(6 * params(s.config) * s.config.train.steps * s.config.train.batch_size * (s.K + (s.posterior != "exact")) * mean_tokens for s in specs)
-    bases = {(s.regime, s.config.data_seed): s.config for s in specs}  # one base per (task, data seed); arms may train theirs longer
+    bases = {s.shared_base: s.config for s in specs}  # one base per (task, data seed); arms may train theirs longer
     base_steps = sum(c.base.steps for c in bases.values())
     base_flop = sum(6 * params(c) * c.base.steps * c.base.batch_size * mean_tokens for c in bases.values())
     out = {"runs": len(specs), "run_steps": run_steps, "bases": len(bases), "base_steps": base_steps,
@@ -351,7 +382,7 @@ def prepare_shared_base(out: Path,            # the sweep's directory
     "Install (or train, or reuse) the base model, $\\widehat c_\\theta$ and gate shared by every run of `(spec.regime, data seed)`; returns the gate. Under the base's lock: one process prepares it, any other waits and reuses it."
     cfg, dev = spec.config, resolve_device(device)
     use_numerics(cfg)
-    d = base_dir(out, spec.regime, cfg.data_seed)
+    d = base_dir(out, *spec.shared_base)
     with file_lock(lock_path(out, "base-" + d.name), f"waiting for another process preparing the base {d.name}"):
         d.mkdir(parents=True, exist_ok=True); remove_temporaries(d)
         vocab = run_vocab(cfg)
@@ -376,10 +407,10 @@ def select_bases(preset: Preset,       # the sweep (its gate policy and bases_ne
                  gates: dict,           # (task, data seed) -> the gate of each base prepared so far
                 ) -> tuple[dict, list]:  # (task, data seed) -> True (its cells run), False (they do not) or None (not yet known); the bases to prepare next
     "Which bases a sweep uses: every one whose gate passes (or `check_base_gate` refuses), or with `bases_needed` (each cell's, from its arm) the first that many per task in `base_seeds` order; and the bases whose gates decide it next."
-    first = {(s.regime, s.config.data_seed): s for s in specs}  # one cell per base, in plan order
+    first = {s.shared_base: s for s in specs}  # one cell per base, in plan order
     by_task, needed = {}, {}
     for key in first: by_task.setdefault(key[0], []).append(key)
-    for s in specs: needed[s.regime] = max(needed.get(s.regime) or 0, s.bases_needed or len(by_task[s.regime]))  # a task's largest requirement
+    for s in specs: needed[t] = max(needed.get(t := s.shared_base[0]) or 0, s.bases_needed or len(by_task[t]))  # a task's (and its level's) largest requirement
     decision, wanted = {}, []
     for task, keys in by_task.items():
         n, chosen, pending = needed[task], 0, 0
@@ -407,12 +438,12 @@ def skipped_cells(out: Path,       # the sweep's directory
     "The cells a `failed_bases='skip'` preset does not run, decided from the gates already written (here, or `elsewhere`): those of a base that fails the gate, or that `bases_needed` did not need."
     if preset.failed_bases != "skip": return {}
     out, specs = Path(out), plan(preset)
-    files = {(s.regime, s.config.data_seed): base_dir(out, s.regime, s.config.data_seed) / "base_gate.json" for s in specs}
+    files = {s.shared_base: base_dir(out, *s.shared_base) / "base_gate.json" for s in specs}
     gates = {k: read_json(f) if f.is_file() else (elsewhere or {})[f.parent.name] for k, f in files.items() if f.is_file() or f.parent.name in (elsewhere or {})}
     decision, _ = select_bases(preset, specs, gates)
     why = lambda k: (f"its base ({k[0]}, data seed {k[1]}) fails the quality gate: {'; '.join(gate_failures(gates[k]))}" if k in gates and not gates[k]["passes"]
                      else f"its base ({k[0]}, data seed {k[1]}) is not needed: {preset.bases_needed} bases of {k[0]} passed the gate before it")
-    return {s.key: why(k) for s in specs if decision[k := (s.regime, s.config.data_seed)] is False}
+    return {s.key: why(k) for s in specs if decision[k := s.shared_base] is False}
 
 # %% ../nbs/11_experiments.ipynb #5bfc9cac
 def clear_cells(out: Path,              # the sweep's directory
@@ -420,7 +451,7 @@ def clear_cells(out: Path,              # the sweep's directory
                ) -> None:
     "`--force`: delete the files this package wrote for `specs` (their run directories and shared bases), and nothing else."
     for s in specs:
-        for d in (SweepDir(out).run(s.key).path, base_dir(out, s.regime, s.config.data_seed)):
+        for d in (SweepDir(out).run(s.key).path, base_dir(out, *s.shared_base)):
             for f in RunDir(d).files(): f.unlink(missing_ok=True)
 
 # %% ../nbs/11_experiments.ipynb #52ffe3ab
@@ -481,7 +512,7 @@ def _open_cell(out: Path, spec: RunSpec, force: bool) -> RunDir | dict:
     rd.metrics.unlink(missing_ok=True)  # not the sweep's record: the cell's run is completed (or resumed) and its record written again
     rd.path.mkdir(parents=True, exist_ok=True); remove_temporaries(rd.path)  # the cell's lock is held: any temporary is a killed writer's
     for name in ("base.pt", "reference_scale.json", "base_gate.json"):
-        if not (rd.path / name).exists(): shutil.copy(base_dir(out, spec.regime, spec.config.data_seed) / name, rd.path / name)
+        if not (rd.path / name).exists(): shutil.copy(base_dir(out, *spec.shared_base) / name, rd.path / name)
     write_command(rd, ["basedirected-train", "--run-dir", str(rd.path), *spec.argv])
     return rd
 
@@ -528,7 +559,7 @@ def clear_held_cells(out: Path,              # the sweep's directory
                      specs: list[RunSpec],   # the cells to clear
                     ) -> None:
     "`clear_cells` under the cells' and their bases' locks: nothing a live process is writing is deleted under it."
-    bases = sorted({base_dir(out, s.regime, s.config.data_seed).name for s in specs})
+    bases = sorted({base_dir(out, *s.shared_base).name for s in specs})
     with cell_locks(out, specs), ExitStack() as held:
         for name in bases: held.enter_context(file_lock(lock_path(out, "base-" + name), f"waiting for another process preparing the base {name}"))
         clear_cells(out, specs)
@@ -699,7 +730,7 @@ def seed_bases(out: Path,       # the sweep's directory
     "Seed a sweep with the bases in `source` that its cells adapt from, so that they adapt from those very bases; refused (`ValueError`) where one was made for another recipe than the preset's, or `source` holds none of them."
     source = Path(source)
     if not source.is_dir(): raise ValueError(f"--bases {source}: no such directory")
-    wanted = {base_dir(out, s.regime, s.config.data_seed).name: s.config for s in plan(preset)}
+    wanted = {base_dir(out, *s.shared_base).name: s.config for s in plan(preset)}
     names = sorted(n for n in wanted if (source / n / "base.pt").is_file())
     if not names: raise ValueError(f"--bases {source} holds none of the bases preset {preset.name} adapts from ({', '.join(sorted(wanted))})")
     for n in names:
@@ -739,8 +770,8 @@ def check_earlier_bases(out: Path,              # the sweep's directory
                         gates: dict,            # an earlier collection's base gates, by directory name
                        ) -> None:
     "Before any cell trains: every base a cell left adapts from that the earlier collection gated is here (seeded), and is that base."
-    absent = sorted({d.name for s in specs if usable[(s.regime, s.config.data_seed)]
-                     and (d := base_dir(out, s.regime, s.config.data_seed)).name in gates and not (d / "base.pt").is_file()})
+    absent = sorted({d.name for s in specs if usable[s.shared_base]
+                     and (d := base_dir(out, *s.shared_base)).name in gates and not (d / "base.pt").is_file()})
     if absent: raise ValueError(f"the cells left adapt from {', '.join(absent)}, bases of the earlier collection's cells; seed them with --bases "
                                 "(that collection's bases/): one trained again here from its seed would be another base (round-off)")
     check_same_bases(out, gates)
@@ -781,7 +812,7 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
     if force: clear_held_cells(out, specs)
     record_preset(out, preset)
     from tqdm.auto import tqdm
-    shared = {(s.regime, s.config.data_seed): s for s in every}
+    shared = {s.shared_base: s for s in every}
     known = {k: before[base_dir(out, *k).name] for k in shared if base_dir(out, *k).name in before and not (base_dir(out, *k) / "base.pt").is_file()}
     packs = pack_groups([s.config for s in specs], group_size)
     n_gpu = torch.cuda.device_count() if device == "auto" else 0
@@ -792,7 +823,7 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
         check_earlier_bases(out, specs, usable, before)
         bar = tqdm(total=len(specs), desc="runs", disable=not progress)
         for pack, dev in zip(packs, devices):
-            if not usable[(specs[pack[0]].regime, specs[pack[0]].config.data_seed)]: bar.update(len(pack)); continue
+            if not usable[specs[pack[0]].shared_base]: bar.update(len(pack)); continue
             bar.set_postfix_str(specs[pack[0]].key + (f" (+{len(pack) - 1} in its group)" if len(pack) > 1 else ""))
             records.update(zip(pack, run_pack(out, [specs[i] for i in pack], dev, force, compile, tensorboard))); bar.update(len(pack))
     else:
@@ -805,7 +836,7 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
             usable = selected_bases(preset, every, prepare, known)  # every base gated (and a failed one replaced, with bases_needed) before any run
             check_earlier_bases(out, specs, usable, before)
             bar = tqdm(total=len(specs), desc="runs", disable=not progress)
-            ready = lambda pack: all(usable[(specs[i].regime, specs[i].config.data_seed)] for i in pack)
+            ready = lambda pack: all(usable[specs[i].shared_base] for i in pack)
             if n_gpu:  # a pack starts only where its memory estimate fits beside those running (pack_memory_gib)
                 needs = [pack_memory_gib([specs[i].config for i in pack]) for pack in packs]
                 def submit(k, d):

@@ -39,7 +39,7 @@ _ALIGNMENTS = tuple(f"{pre}{a}_{t}{s}" for pre, t in (("", "posterior"), ("gen_"
 TABLE_METRICS = ("settled", "rate_range_last", "tau_effective", "beta_effective", "beta_star", "rate", "rate_at_1_3", "rate_at_2_3", "gain_abs", "gain_frac", "gain_z", "drift", "I_zs_norm", "I_zxy", "code_perplexity",
                  "gen_valid_rate", "gen_answer_rate", "gen_answer_only_rate", "gen_forced_valid_rate", "gen_forced_answer_rate", "gen_classified_share",
                  "gen_routing_effect", "marginal_nll", "base_nll", "eval_theta", "eval_std",
-                 "I_zs_norm_amortized", "amortized_agreement", "reveal_weight", "c_model", "c_data", "T_y_mean",
+                 "I_zs_norm_amortized", "amortized_agreement", "reveal_weight", "revealing_share", "c_model", "c_data", "T_y_mean",
                  "I_zs_given_x_norm", *_ALIGNMENTS, "gen_coverage_mean", "gate_valid_rate", "gate_answer_only_accuracy")
 GRID_COORDINATES = ("regime", "latent", "posterior", "K", "objective", "alpha", "gamma", "tau_target", "beta_target")  # a cell's place in its preset's grid
 
