@@ -23,9 +23,10 @@ CDN_MATHJAX = f"https://cdnjs.cloudflare.com/ajax/libs/mathjax/{MATHJAX_VERSION}
 LOCAL_MATHJAX = "mathjax/tex-chtml-full.js"
 
 # %% auto #0
-__all__ = ['MATHJAX_VERSION', 'CDN_MATHJAX', 'LOCAL_MATHJAX', 'MATHJAX_CONFIG', 'page_order', 'page_title', 'execute_notebook',
-           'executed', 'process_notebook', 'mathjax_block', 'notebook_html', 'page_sections', 'search_index',
-           'write_search_assets', 'local_mathjax', 'pages_to_execute', 'build_docs', 'docs_main']
+__all__ = ['MATHJAX_VERSION', 'CDN_MATHJAX', 'LOCAL_MATHJAX', 'MATHJAX_CONFIG', 'SECTIONS', 'page_order', 'page_title',
+           'execute_notebook', 'executed', 'process_notebook', 'mathjax_block', 'notebook_html', 'page_section',
+           'page_sections', 'search_index', 'write_search_assets', 'local_mathjax', 'pages_to_execute', 'build_docs',
+           'docs_main']
 
 # %% ../nbs/14_docs.ipynb #fec1a348
 def page_order(nbs: Path,          # the notebooks' folder
@@ -102,6 +103,7 @@ body { margin: 0; }
           border-right: 1px solid #ddd; font: 14px/1.45 system-ui, sans-serif; }
 #bd-nav a { display: block; padding: 3px 6px; color: #234; text-decoration: none; border-radius: 4px; }
 #bd-nav a.current { background: #dde6f3; font-weight: 600; }
+#bd-nav .bd-section { margin: 12px 0 3px; padding: 0 6px; font-size: 11px; font-weight: 700; letter-spacing: .04em; text-transform: uppercase; color: #5a6778; }
 #bd-nav .brand { font-weight: 700; font-size: 17px; margin-bottom: 10px; }
 #bd-search { width: 100%; box-sizing: border-box; padding: 5px 8px; margin-bottom: 8px; font: inherit; border: 1px solid #bbb; border-radius: 4px; }
 #bd-results { margin-bottom: 12px; padding-bottom: 8px; border-bottom: 1px solid #ddd; }
@@ -172,8 +174,19 @@ def notebook_html(nb,                # a processed notebook (`process_notebook`)
 _SEARCH_BOX = ('<input id="bd-search" type="search" placeholder="Search the docs" aria-label="Search the documentation" autocomplete="off">'
                '<div id="bd-results" hidden></div>')
 
+SECTIONS = (("The method", ("00", "01", "02", "03", "04")), ("Tasks", ("05",)), ("Machinery", ("06", "07", "08", "09", "10", "11", "12")),
+            ("Studies", ("13",)), ("Building and developing", ("14", "15")))  # the sidebar's sections, by the number a page's name starts with
+
+def page_section(name: str,  # a page's file name ('04_objective.html')
+                ) -> str | None:  # its section's title; None for the index and an unnumbered page
+    "The sidebar section a page belongs to, by its reading-order number."
+    return next((title for title, numbers in SECTIONS if name[:2] in numbers), None)
+
 def _decorate(body: str, title: str, nav: list[tuple[str, str]], current: str) -> str:
-    links = "".join(f'<a href="{h}" class="{"current" if h == current else ""}">{html.escape(t)}</a>' for h, t in nav)
+    links, section = "", None
+    for h, t in nav:
+        if (s := page_section(h)) != section and s is not None: links += f'<div class="bd-section">{html.escape(s)}</div>'; section = s
+        links += f'<a href="{h}" class="{"current" if h == current else ""}">{html.escape(t)}</a>'
     i = [h for h, _ in nav].index(current)
     prev = f'<a rel="prev" href="{nav[i - 1][0]}">← {html.escape(nav[i - 1][1])}</a>' if i > 0 else "<span></span>"
     nxt = f'<a rel="next" href="{nav[i + 1][0]}">{html.escape(nav[i + 1][1])} →</a>' if i + 1 < len(nav) else "<span></span>"

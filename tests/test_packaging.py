@@ -101,8 +101,13 @@ def test_readme_and_index_show_the_same_commands():
 
 def test_quarto_sidebar_lists_every_published_notebook_in_order():
     from basedirected.docsite import page_order
-    listed = [l.strip()[2:] for l in (ROOT / "nbs" / "sidebar.yml").read_text().splitlines() if l.strip().startswith("- ")]
+    from basedirected.docsite import page_section
+    lines = [l.strip()[2:] for l in (ROOT / "nbs" / "sidebar.yml").read_text().splitlines() if l.strip().startswith("- ")]
+    listed = [l for l in lines if not l.startswith("section:")]
     assert listed == [p.name for p in page_order(ROOT / "nbs")]
+    # in the docs site's sections, each heading once, before its first page
+    sections = [l.split(":", 1)[1].strip().strip('"') for l in lines if l.startswith("section:")]
+    assert sections == list(dict.fromkeys(s for p in page_order(ROOT / "nbs") if (s := page_section(p.stem + ".html"))))
 
 
 def _reading_order():
