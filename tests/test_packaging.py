@@ -252,6 +252,9 @@ def test_the_readme_is_a_newcomers_page():
     assert len(text.split()) <= 1800, f"README.md has {len(text.split())} words"
     for heading in ("## Install and run", "## The answer", "## One run", "## Your own task", "## A Hugging Face model", "## A GPU", "## A cluster"):
         assert heading in text
+    import re
+    results = [l for l in re.findall(r"\]\((nbs/[^)#]+)", text) if l.startswith("nbs/13")]
+    assert results[0] == "nbs/13_findings.ipynb", results  # the findings page is the first result a newcomer is sent to
 
 
 def test_the_readmes_figures_are_the_reference_files():
