@@ -23,13 +23,14 @@ from .model import collate
 from .tasks import Example, Task, TaskCheck, break_even_beta, rate_record  # noqa: F401 (break_even_beta: its readers' name)
 
 # %% auto #0
-__all__ = ['ALIGNMENT_RULES', 'NULL_SAMPLES', 'SETTLE_WINDOW', 'SETTLE_TOLERANCE', 'entropy', 'latent_information',
-           'strategy_information', 'code_perplexity', 'aggregate_posterior_information', 'active_units',
-           'linear_probe_accuracy', 'rate_distortion', 'information_gain', 'code_semantics', 'matched_records',
-           'alignment_score', 'alignment_one_to_one', 'alignment_many_to_one', 'contingency_tables',
-           'permutation_tables', 'alignment_null', 'alignment_record', 'posterior_meaning', 'mean_record',
-           'generation_scores', 'departure', 'validity_by_code', 'generation_metrics',
-           'within_input_strategy_information', 'marginal_nll', 'settling', 'evaluate_model']
+__all__ = ['ALIGNMENT_RULES', 'NULL_SAMPLES', 'SETTLE_WINDOW', 'SETTLE_TOLERANCE', 'GENERATOR_LOSS_FALL',
+           'GENERATOR_ALIGNMENT_RANGE', 'entropy', 'latent_information', 'strategy_information', 'code_perplexity',
+           'aggregate_posterior_information', 'active_units', 'linear_probe_accuracy', 'rate_distortion',
+           'information_gain', 'code_semantics', 'matched_records', 'alignment_score', 'alignment_one_to_one',
+           'alignment_many_to_one', 'contingency_tables', 'permutation_tables', 'alignment_null', 'alignment_record',
+           'posterior_meaning', 'mean_record', 'generation_scores', 'departure', 'validity_by_code',
+           'generation_metrics', 'within_input_strategy_information', 'marginal_nll', 'settling', 'settled_strictly',
+           'evaluate_model']
 
 # %% ../nbs/08_metrics.ipynb #20e5e798
 def entropy(p: torch.Tensor,   # probabilities, summing to 1 along `dim`
@@ -501,7 +502,8 @@ def settling(curve: list[tuple[int, float]],  # (step, held-out rate) at each ev
              window: float = SETTLE_WINDOW,   # the share of the run the rule looks at
              tolerance: float = SETTLE_TOLERANCE,  # the largest rate range (nats) of a settled run
              alignment: list[float] | None = None,  # the posterior alignment at the same evaluations, if logged
-            ) -> dict:                        # settled, rate_range_last, settle_window_from (and alignment_range_last)
+             loss: list[float] | None = None,       # the held-out loss at the same evaluations, if logged
+            ) -> dict:                        # settled, rate_range_last, settle_window_from (alignment_range_last, loss_fall_last)
     "The stopping rule: the held-out rate's range over the evaluations of the last `window` of the run is below `tolerance`."
     if not 0 < window < 1: raise ValueError(f"window must lie in (0, 1), got {window}")
     if not tolerance > 0: raise ValueError(f"tolerance must be > 0, got {tolerance}")
@@ -517,7 +519,25 @@ def settling(curve: list[tuple[int, float]],  # (step, held-out rate) at each ev
         if len(alignment) != len(curve): raise ValueError(f"alignment needs one value per evaluation ({len(curve)}), got {len(alignment)}")
         a = alignment[before[-1]:]
         out["alignment_range_last"] = max(a) - min(a)
+    if loss is not None:
+        if len(loss) != len(curve): raise ValueError(f"loss needs one value per evaluation ({len(curve)}), got {len(loss)}")
+        first, last = loss[before[-1]], loss[-1]
+        if not (math.isfinite(first) and math.isfinite(last) and first != 0): raise ValueError(f"the held-out loss at the window's ends must be finite and non-zero, got {first} and {last}")
+        out["loss_fall_last"] = (first - last) / abs(first)  # the share of its value the loss still lost in the window
     return out
+
+# %% ../nbs/08_metrics.ipynb #01fab916
+GENERATOR_LOSS_FALL = 0.05        # the largest share of its value the held-out loss may still lose over the window
+GENERATOR_ALIGNMENT_RANGE = 0.05  # the largest range of the posterior's alignment over the window
+
+def settled_strictly(verdict: dict,  # `settling`'s figures, with alignment_range_last and loss_fall_last
+                     loss_fall: float = GENERATOR_LOSS_FALL,
+                     alignment_range: float = GENERATOR_ALIGNMENT_RANGE,
+                    ) -> bool | None:  # None where the verdict lacks a figure (too few evaluations, nothing logged)
+    "The stricter stopping rule (defined after the data): settled by the rate, and over the same window the posterior's alignment ranged by less than `alignment_range` and the held-out loss fell by less than `loss_fall` of its value."
+    figures = [verdict.get(k) for k in ("settled", "alignment_range_last", "loss_fall_last")]
+    if any(f is None for f in figures): return None
+    return bool(figures[0] and figures[1] < alignment_range and figures[2] < loss_fall)
 
 # %% ../nbs/08_metrics.ipynb #78e41a5c
 def evaluate_model(model: nn.Module,                 # a trained CVAE

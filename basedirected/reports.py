@@ -21,22 +21,24 @@ from .reconstruction import TERM_NAMES
 from .pretrained import shipped_name
 from .runs import RunDir, atomic_write_bytes, atomic_write_json, load_run, read_json, read_log
 from .machine import environment_record
+from .metrics import settled_strictly, settling
 from .config import TrainConfig, coordinate_label, coordinate_name, coordinates
 from .weights import reference_weights
 
 # %% auto #0
-__all__ = ['TABLE_METRICS', 'GRID_COORDINATES', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'PAIRED_METRICS', 'SUCCESS', 'CURVE_TERMS',
-           'ANSWER_METRIC', 'PRIMARY_FIGURES', 'group_by', 'aggregate', 'markdown_table', 'contrasts_markdown',
-           'stats_markdown', 'write_results', 'holm', 'paired_difference', 'paired_statistics', 'success_counts',
-           'base_contrasts', 'metric_components', 'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse',
-           'figure_alignment', 'figure_escape', 'figure_curves', 'figure_gain_per_position', 'figure_weights',
-           'figure_paired', 'answer_rows', 'answer_text', 'figure_answer', 'compare_collections', 'comparison_text',
-           'write_figures', 'write_base_gates', 'write_curves', 'write_reports']
+__all__ = ['TABLE_METRICS', 'GRID_COORDINATES', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'PAIRED_METRICS', 'SUCCESS', 'MEANING_FLOOR',
+           'CURVE_TERMS', 'ANSWER_METRIC', 'PRIMARY_FIGURES', 'group_by', 'aggregate', 'markdown_table',
+           'contrasts_markdown', 'stats_markdown', 'write_results', 'holm', 'paired_difference', 'paired_statistics',
+           'success_counts', 'success_parts', 'base_contrasts', 'metric_components', 'run_dirs', 'read_results',
+           'figure_frontier', 'figure_collapse', 'figure_alignment', 'figure_escape', 'figure_curves',
+           'figure_gain_per_position', 'figure_weights', 'figure_paired', 'answer_rows', 'answer_text', 'figure_answer',
+           'compare_collections', 'comparison_text', 'write_figures', 'write_base_gates', 'write_curves',
+           'curve_verdicts', 'write_reports']
 
 # %% ../nbs/12_reports.ipynb #ca5567ef
 _ALIGNMENTS = tuple(f"{pre}{a}_{t}{s}" for pre, t in (("", "posterior"), ("gen_", "controlled"), ("gen_", "controlled_all"))
                     for a in ("alignment", "purity") for s in ("", "_null", "_excess"))
-TABLE_METRICS = ("settled", "rate_range_last", "tau_effective", "beta_effective", "beta_star", "rate", "rate_at_1_3", "rate_at_2_3", "gain_abs", "gain_frac", "gain_z", "drift", "I_zs_norm", "I_zxy", "code_perplexity",
+TABLE_METRICS = ("settled", "rate_range_last", "settled_strict", "loss_fall_last", "tau_effective", "beta_effective", "beta_star", "rate", "rate_at_1_3", "rate_at_2_3", "gain_abs", "gain_frac", "gain_z", "drift", "I_zs_norm", "I_zxy", "code_perplexity",
                  "gen_valid_rate", "gen_answer_rate", "gen_answer_only_rate", "gen_forced_valid_rate", "gen_forced_answer_rate", "gen_classified_share",
                  "gen_routing_effect", "marginal_nll", "base_nll", "eval_theta", "eval_std",
                  "I_zs_norm_amortized", "amortized_agreement", "reveal_weight", "revealing_share", "c_model", "c_data", "T_y_mean",
@@ -144,7 +146,7 @@ def stats_markdown(rows: list[dict],  # `paired_statistics`'s rows
 def write_results(out: Path,             # the sweep's output directory
                   records: list[dict],   # one metrics record per run
                  ) -> None:
-    "results.csv (every run), table.csv and table.md (aggregated over seeds), stats.csv/.md (paired differences) and success.csv, each written atomically."
+    "results.csv (every run), table.csv and table.md (aggregated over seeds), stats.csv/.md (paired differences), success.csv and success_parts.csv (`success_parts`), each written atomically."
     out = Path(out)
     atomic_write_bytes(SweepDir(out).results, _csv_bytes(records, _scalar_columns(records)))
     rows = aggregate(records)
@@ -155,6 +157,8 @@ def write_results(out: Path,             # the sweep's output directory
     atomic_write_bytes(out / "stats.csv", _csv_bytes(stats, cols))
     atomic_write_bytes(out / "stats.md", stats_markdown(stats).encode())
     atomic_write_bytes(out / "success.csv", _csv_bytes(success_counts(records), ["regime", "cell", "posterior", "K", "objective", "success", "success_n", "success_lo", "success_hi", "unsettled"]))
+    parts = success_parts(records)
+    atomic_write_bytes(out / "success_parts.csv", _csv_bytes(parts, list(parts[0]) if parts else ["regime"]))
     if contrasts := base_contrasts(records):  # several bases per task: the base as a factor
         atomic_write_bytes(out / "contrasts.csv", _csv_bytes(contrasts, list(contrasts[0]) + ["across_p_holm"] * ("across_p_holm" not in contrasts[0])))
         atomic_write_bytes(out / "contrasts.md", contrasts_markdown(contrasts).encode())
@@ -260,6 +264,41 @@ def success_counts(records: list[dict],  # one metrics record per run
     return [{"regime": g[0], "cell": g[1], "posterior": g[2], "K": g[3], "objective": g[4],
              **rate_record("success", sum(map(ok, settled(rs))), len(settled(rs))), "unsettled": len(rs) - len(settled(rs))}
             for g, rs in sorted(by.items(), key=lambda kv: tuple(map(str, kv[0])))]
+
+# %% ../nbs/12_reports.ipynb #41d6ed57
+MEANING_FLOOR = 0.5  # the least share of forced generations the checker must attribute before their alignment is read as meaning
+
+def _called(value, lo, hi, threshold) -> str:
+    "A threshold called on an interval: met (all of it at or above), missed (all of it below) or undecided."
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (value, lo, hi)): return "unjudged"
+    return "met" if lo >= threshold else "missed" if hi < threshold else "undecided"
+
+def success_parts(records: list[dict],  # one metrics record per run
+                  floor: float = MEANING_FLOOR,
+                 ) -> list[dict]:       # a row per (task, cell, posterior, K, arm)
+    "Meaning (attributable alignment, above the attribution floor), the validity cost of adaptation (router minus base, paired per base, `contrast_interval`) and the joint success, each called on its 95 % interval; unsettled runs left out and counted."
+    by = {}
+    for r in records:
+        if r.get("latent") == "discrete": by.setdefault((r["regime"], _cell(r), r.get("posterior"), r.get("K"), _arm(r)), []).append(r)
+    align, answers = "gen_alignment_controlled_all", "gen_answer_rate"
+    rows = []
+    for (regime, cell, posterior, K, arm), rs in sorted(by.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        kept, unsettled = settled_runs(rs)
+        judged = [r for r in kept if (r.get("gen_classified_share") or 0) >= floor]
+        meaning = [_called(r.get("gen_alignment_controlled"), r.get("gen_alignment_controlled_lo"), r.get("gen_alignment_controlled_hi"), SUCCESS[align]) for r in judged]
+        def joint(r):
+            calls = [_called(r.get(m), r.get(f"{m}_lo"), r.get(f"{m}_hi"), SUCCESS[m]) for m in (align, answers)]
+            return "unjudged" if "unjudged" in calls else "missed" if "missed" in calls else "met" if calls == ["met", "met"] else "undecided"
+        success = [joint(r) for r in kept]
+        cost = {}
+        for r in kept:
+            if all(isinstance(r.get(m), (int, float)) for m in ("gen_valid_rate", "gate_valid_rate")): cost.setdefault(r.get("base_seed"), []).append(r["gen_valid_rate"] - r["gate_valid_rate"])
+        c = contrast_interval(cost) if cost and sum(map(len, cost.values())) > 1 else {"mean": float("nan"), "lo": float("nan"), "hi": float("nan"), "rule": "fewer than two runs", "bases": len(cost)}
+        rows.append({"regime": regime, "cell": cell, "posterior": posterior, "K": K, "objective": arm, "runs": len(kept), "unsettled": unsettled,
+                     "unattributable": len(kept) - len(judged), **{f"meaning_{v}": meaning.count(v) for v in ("met", "missed", "undecided")},
+                     "validity_cost": c["mean"], "validity_cost_lo": c["lo"], "validity_cost_hi": c["hi"], "validity_rule": c["rule"], "bases": c["bases"],
+                     **{f"success_{v}": success.count(v) for v in ("met", "missed", "undecided")}})
+    return rows
 
 # %% ../nbs/12_reports.ipynb #3bf13258
 def base_contrasts(records: list[dict],                        # one metrics record per run
@@ -703,6 +742,24 @@ def write_curves(out: Path,             # the sweep's output directory
             norms = []
     atomic_write_bytes(SweepDir(out).curves, _csv_bytes(rows, ["key", "step", "rate", "loss", "recon", "alignment_posterior", "I_zs_norm", "grad_norm", "clipped"]))
     return rows
+
+# %% ../nbs/12_reports.ipynb #4c59e7f1
+def curve_verdicts(out: Path,  # a sweep's output directory or a collection (reference/<preset>), with its curves.csv
+                  ) -> dict[str, dict]:  # key -> settling's figures and settled_strict
+    "Both stopping rules ([notebook 08](08_metrics.ipynb)) on every run's held-out curve in `curves.csv`; a run whose curve cannot be judged says why (`settle_note`)."
+    curves = {}
+    with open(SweepDir(out).curves, newline="") as f:
+        for c in csv.DictReader(f): curves.setdefault(c["key"], []).append(c)
+    number = lambda v: float(v) if v not in ("", None) else None
+    verdicts = {}
+    for key, rows in curves.items():
+        rows.sort(key=lambda c: int(c["step"]))
+        aligned, loss = [number(c["alignment_posterior"]) for c in rows], [number(c["loss"]) for c in rows]
+        try: v = settling([(int(c["step"]), float(c["rate"])) for c in rows], int(rows[-1]["step"]),
+                          alignment=aligned if None not in aligned else None, loss=loss if None not in loss else None)
+        except ValueError as e: verdicts[key] = {"settled": None, "settled_strict": None, "settle_note": str(e)}; continue
+        verdicts[key] = {**v, "settled_strict": settled_strictly(v)}
+    return verdicts
 
 # %% ../nbs/12_reports.ipynb #cb3c6180
 def write_reports(out: Path,            # the sweep's output directory

@@ -9,7 +9,7 @@ from hypothesis import given, strategies as st
 
 from basedirected.comparisons import (across_base_interval, coverage, sign_flip_pvalue, variance_components,
                                       within_base_interval)
-from basedirected.metrics import settling
+from basedirected.metrics import settled_strictly, settling
 
 
 def escape(step, at, height, width=40.0):
@@ -27,6 +27,18 @@ def test_a_plateau_settles_and_a_late_second_escape_does_not():
     # the tolerance is the rule's: just below it settles, just above it does not
     flat = [(s, 1.0) for s in range(80, T + 1, 80)]
     assert settling([*flat[:-1], (T, 1.0 + 0.019)], T)["settled"] and not settling([*flat[:-1], (T, 1.0 + 0.021)], T)["settled"]
+
+
+@given(rates=st.lists(st.floats(0.0, 3.0), min_size=10, max_size=10), losses=st.lists(st.floats(0.1, 5.0), min_size=10, max_size=10),
+       aligned=st.lists(st.floats(0.0, 1.0), min_size=10, max_size=10), scale=st.floats(0.01, 100.0))
+def test_the_stricter_rule_never_passes_a_run_the_rate_rule_fails_and_reads_the_loss_in_its_own_units(rates, losses, aligned, scale):
+    T = 1000
+    curve = [(100 * (i + 1), r) for i, r in enumerate(rates)]
+    verdict = settling(curve, T, alignment=aligned, loss=losses)
+    assert settled_strictly(verdict) in (True, False) and (verdict["settled"] or not settled_strictly(verdict))
+    rescaled = settling(curve, T, alignment=aligned, loss=[scale * l for l in losses])  # the rule reads a share of the loss, not nats
+    assert rescaled["loss_fall_last"] == pytest.approx(verdict["loss_fall_last"], rel=1e-9, abs=1e-12)
+    assert settled_strictly(verdict) == (verdict["settled"] and max(aligned[7:]) - min(aligned[7:]) < 0.05 and (losses[7] - losses[9]) / losses[7] < 0.05)
 
 
 def test_the_rule_refuses_a_curve_it_cannot_judge():
@@ -81,7 +93,8 @@ def _records(rng):
         out.append({"key": f"k-{obj}-b{base}-s{seed}", "regime": "sorting", "latent": "discrete", "posterior": "exact", "K": 3, "objective": obj,
                     "alpha": 0.5, "gamma": 1.0, "tau_target": 0.07, "base_seed": base, "seed": seed, "settled": not (obj == "dist" and base == 1 and seed == 2),
                     "gen_alignment_controlled_all": float(rng.uniform(0.8, 1.0)), "gen_alignment_controlled_all_null": 0.36,
-                    "gen_alignment_controlled_all_excess": float(rng.uniform(0.4, 0.6)), "gen_answer_rate": 0.99, "I_zs_norm": float(rng.uniform(0.5, 1))})
+                    "gen_alignment_controlled_all_excess": float(rng.uniform(0.4, 0.6)), "gen_answer_rate": 0.99, "I_zs_norm": float(rng.uniform(0.5, 1)),
+                    "gen_valid_rate": float(rng.uniform(0.9, 1.0)), "gate_valid_rate": 0.97})
     return out
 
 
@@ -96,7 +109,7 @@ def test_every_report_leaves_out_unsettled_runs_and_states_intervals_through_the
     monkeypatch.setattr(reports, "settled_runs", spy("settled_runs", settled_runs))
     monkeypatch.setattr(reports, "contrast_interval", spy("contrast_interval", contrast_interval))
     records = _records(np.random.default_rng(0))
-    for report in (reports.paired_statistics, reports.success_counts, reports.base_contrasts, reports.metric_components, reports.answer_rows):
+    for report in (reports.paired_statistics, reports.success_counts, reports.success_parts, reports.base_contrasts, reports.metric_components, reports.answer_rows):
         before = dict(calls)
         rows = report(records)
         assert calls["settled_runs"] > before["settled_runs"], report.__name__
@@ -114,3 +127,10 @@ def test_every_report_leaves_out_unsettled_runs_and_states_intervals_through_the
     assert (a["lo"], a["hi"]) == (rule["lo"], rule["hi"]) and rule["rule"] in a["unit"]
     (s,) = [s for s in reports.success_counts(records) if s["objective"] == "dist"]
     assert (s["success_n"], s["unsettled"]) == (11, 1)
+    before = calls["contrast_interval"]
+    (p,) = [p for p in reports.success_parts(records) if p["objective"] == "dist"]
+    cost = {}
+    for r in records:
+        if r["objective"] == "dist" and r["settled"]: cost.setdefault(r["base_seed"], []).append(r["gen_valid_rate"] - r["gate_valid_rate"])
+    assert calls["contrast_interval"] > before and (p["runs"], p["unsettled"]) == (11, 1)
+    assert (p["validity_cost_lo"], p["validity_cost_hi"]) == (contrast_interval(cost)["lo"], contrast_interval(cost)["hi"])

@@ -233,7 +233,7 @@ def test_a_sweep_finished_in_a_new_directory_merges_with_its_earlier_collection(
     import shutil
     reference, again = tmp_path / "reference", tmp_path / "again"
     reference.mkdir()
-    for name in ("results.csv", "curves.csv", "positions.csv", "base_gates.json", "preset.json", "summary.json", "table.csv", "stats.csv", "success.csv"):
+    for name in ("results.csv", "curves.csv", "positions.csv", "base_gates.json", "preset.json", "summary.json", "table.csv", "stats.csv", "success.csv", "success_parts.csv"):
         shutil.copy(smoke_dir / name, reference / name)
     keys = [s.key for s in plan(PRESETS["smoke"])]
     kept = keys[: len(keys) // 2]
@@ -242,7 +242,7 @@ def test_a_sweep_finished_in_a_new_directory_merges_with_its_earlier_collection(
     assert repro_main(["--collect", "--out", str(again), "--earlier", str(reference), "--quiet"]) == 0
     rows = lambda d: list(csv.DictReader(open(d / "results.csv")))
     assert rows(again) == rows(reference)  # every figure of every run (the columns in another order: a collection reads metrics.json, sorted)
-    for name in ("curves.csv", "positions.csv", "base_gates.json", "table.csv", "stats.csv", "success.csv"):
+    for name in ("curves.csv", "positions.csv", "base_gates.json", "table.csv", "stats.csv", "success.csv", "success_parts.csv"):
         assert (again / name).read_bytes() == (reference / name).read_bytes(), name  # one machine: the same bytes
     summary = json.loads((again / "summary.json").read_text())
     assert summary["earlier"]["cells"] == len(keys) - len(kept) and summary["missing"] == []

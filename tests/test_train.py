@@ -353,6 +353,7 @@ def test_a_run_at_tau_trains_at_tau_times_its_break_even(tmp_path):
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=str(Path(basedirected.__file__).parent)).stdout.strip() or None
     assert m["git_revision"] == head and isinstance(m["git_dirty"], bool) and m["cpu"] == cpu_model()  # the record says what completed it
     assert 0 < m["revealing_share"] <= 1  # the share of the base's held-out surprisal on strategy-revealing tokens (notebook 05)
+    assert "settled_strict" in m and not (m["settled_strict"] and not m["settled"])  # the generator's rule is the stricter one (notebook 08)
     assert final["kl"] >= 0
 
 
