@@ -259,7 +259,6 @@ def test_the_readme_is_a_newcomers_page():
 
 def test_the_readmes_figures_are_the_reference_files():
     "Each time and interval the README quotes is read from the file it comes from."
-    import csv
     import json
     text = " ".join((ROOT / "README.md").read_text().split())
     for preset, shown in (("quick", "4.2 min"), ("study", "53.5 min"), ("followup", "88.8 min, three invocations"), ("addition", "93.4 min"),
@@ -270,7 +269,6 @@ def test_the_readmes_figures_are_the_reference_files():
     quick = json.loads((ROOT / "reference" / "quick" / "summary.json").read_text())
     assert f"{quick['runs']} runs in {_reference_minutes('quick'):.1f} minutes" in text
     from basedirected.cluster import read_records
-    from basedirected.comparisons import settled_runs
     from basedirected.reports import base_contrasts
     def contrast(regime, comparison, collection="settled"):
         "A settled contrast in alignment excess by the one interval rule (`contrast_interval`, unsettled pairs left out), as the README writes it: mean [lo, hi]."
@@ -282,16 +280,17 @@ def test_the_readmes_figures_are_the_reference_files():
         assert contrast(regime, comparison) in text, (regime, comparison, contrast(regime, comparison))
     for comparison in ("theta - dist", "theta - celbo"):  # addition's arm, run whole on bases trained again
         assert contrast("addition", comparison, "settled-2") in text, (comparison, contrast("addition", comparison, "settled-2"))
-    sorting = [r for r in read_records(ROOT / "reference" / "settled") if r["regime"] == "sorting" and (r["objective"] != "theta" or r["alpha"] == 0.5)]
-    named = {o: (sum(r["gen_alignment_controlled_all"] >= 0.9 for r in settled_runs(rs)[0]), len(settled_runs(rs)[0]), settled_runs(rs)[1])
-             for o in ("theta", "dist", "celbo") for rs in [[r for r in sorting if r["objective"] == o]]}
-    assert named == {"theta": (12, 12, 0), "dist": (12, 12, 0), "celbo": (7, 10, 2)}, named  # the one unsettled policy: left out, and counted
-    assert "alignment ≥ 0.9 on 12 of 12 settled runs of $\\mathcal J_\\theta$ and of `dist`, 7 of 10 of the cELBO, whose 2 unsettled runs are left out" in text
-
+    from basedirected.reports import curve_verdicts, success_parts
+    parts = {p["objective"]: p for p in success_parts(read_records(ROOT / "reference" / "settled")) if p["regime"] == "sorting" and p["cell"] == "tau 0.07"}
+    named = {o: (parts[o]["meaning_met"], parts[o]["runs"], parts[o]["unsettled"]) for o in ("theta", "dist", "celbo")}
+    assert named == {"theta": (12, 12, 0), "dist": (12, 12, 0), "celbo": (10, 10, 2)}, named  # the one unsettled policy: left out, and counted
+    assert "every objective's codes name the strategy on every settled sorting run (12 of $\\mathcal J_\\theta$, 12 of `dist`, 10 of the cELBO, whose 2 unsettled runs are left out)" in text
+    verdicts = curve_verdicts(ROOT / "reference" / "settled")
+    assert (sum(bool(v["settled_strict"]) for v in verdicts.values()), len(verdicts)) == (28, 94) and "passes 28 of settled's 94 runs" in text
 
 
 def test_the_readmes_meaning_paragraph_is_the_reference_files():
-    "The meaning preset's counts the README quotes, recomputed from reference/meaning and reference/reader (the definitions of nbs/13e_meaning.ipynb)."
+    "The meaning paragraph's counts, recomputed from the reference collections by the findings page's definitions and the one unsettled policy (settled_runs)."
     import csv
     import json
     from scipy.stats import fisher_exact
@@ -302,39 +301,44 @@ def test_the_readmes_meaning_paragraph_is_the_reference_files():
     assert (summary["runs"], summary["missing"]) == (100, [])
     read = lambda name: [{k: (float(v) if v.replace(".", "").replace("-", "").replace("e", "").isdigit() else v) for k, v in r.items()}
                          for r in csv.DictReader(open(ROOT / "reference" / name / "results.csv"))]
-    meaning, reader = read("meaning"), read("reader")
+    from basedirected.cluster import read_records
+    from basedirected.comparisons import settled_runs
+    from basedirected.reports import success_parts
     judged = lambda r: r["gen_alignment_controlled"] if r["K"] == 3 else r["gen_purity_controlled"]
     names = lambda r: r["I_zs_given_x_norm"] >= 0.85 and judged(r) >= 0.9
-    sorting = [r for r in meaning if r["regime"] == "sorting"]
-    assert len(sorting) == 15 and all(r["gen_alignment_controlled_all"] >= 0.9 and r["gen_answer_rate"] >= 0.98 for r in sorting) and "on sorting all 15 runs succeed" in text
-    assert f"alignment {min(r['gen_alignment_controlled_all'] for r in sorting):.2f}–{max(r['gen_alignment_controlled_all'] for r in sorting):.2f}" in text
-    uncoupled = [r for r in meaning if r["regime"] == "grid_pathfinding" and not r["coupling"]]
-    control = [r for r in reader if not r["coupling"]]
-    assert (sum(map(names, uncoupled)), len(uncoupled), sum(map(names, control)), len(control)) == (19, 20, 8, 10) and "19 of the 20 runs" in text and "8 of 10 runs without any of them" in text
-    assert min(judged(r) for r in uncoupled + control if names(r)) >= 0.98
-    grid = [r for r in meaning + reader if r["regime"] == "grid_pathfinding"]
-    assert not any(r["gen_alignment_controlled_all"] >= 0.9 and r["gen_answer_rate"] >= 0.98 for r in grid) and "No grid run meets the success criterion" in text
-    coupled = [r for r in meaning if r["regime"] == "grid_pathfinding" and r["coupling"] == 1.0 and r["objective"] == "theta"]
-    assert sum(r["router_entropy"] < 0.35 and r["I_zs_given_x_norm"] < 0.2 for r in coupled) == 7 and sum(map(names, coupled)) == 3
-    p = fisher_exact([[3, 7], [8, 2]]).pvalue
-    assert f"Fisher exact p {p:.2f}" in text and "7 of 10 $\\mathcal J_\\theta$ runs took that route at ρ = 1 (named 3 of 10, against 8 of 10 without the term" in text
+    plain = lambda r, regime: (r["regime"] == regime and r["objective"] == "theta" and r.get("alpha", 0.5) == 0.5 and not r.get("coupling") and r.get("K", 3) == 3
+                               and r.get("router", "input") == "input" and r.get("code_init_noise", 0.02) == 0.02 and (r.get("lr") or 1e-3) == 1e-3)
+    def named(collection, regime):  # J_theta without a breaker, settled runs, base by base (the findings page's count)
+        by = {}
+        for r in settled_runs([r for r in read_records(ROOT / "reference" / collection) if plain(r, regime)])[0]: by.setdefault(r["base_seed"], []).append(names(r))
+        return [f"{sum(v)} of {len(v)}" for _, v in sorted(by.items())]
+    assert named("settled", "sorting") == ["4 of 4"] * 3 and "names the strategy on 4 of 4 settled runs on each of sorting's three bases" in text
+    assert named("settled", "grid_pathfinding") == ["0 of 4", "1 of 3", "3 of 4"] and named("reader", "grid_pathfinding") == ["7 of 9"]
+    assert "on grid pathfinding on 0 of 4, 1 of 3 and 3 of 4 on settled's bases and 7 of 9 on `meaning`'s" in text
+    assert (named("settled", "addition"), named("settled-2", "addition"), named("baseline", "addition")) == (["2 of 4", "3 of 4"], ["3 of 4", "0 of 3"], ["0 of 5"])
+    assert "on addition on 2 of 4 and 3 of 4 (settled), 3 of 4 and 0 of 3 (`settled-2`) and 0 of 5 (`meaning`'s base, `reference/baseline/`)" in text
+    coupled, cu = settled_runs([r for r in read_records(ROOT / "reference" / "meaning") if r["regime"] == "grid_pathfinding" and r.get("coupling") == 1.0 and r["objective"] == "theta"])
+    control, tu = settled_runs([r for r in read_records(ROOT / "reference" / "reader") if not r.get("coupling")])
+    input_code = lambda r: r["router_entropy"] < 0.35 and r["I_zs_given_x_norm"] < 0.2
+    assert (len(coupled), cu, sum(map(input_code, coupled)), sum(map(names, coupled)), len(control), sum(map(names, control))) == (9, 1, 6, 3, 9, 7)
+    p = fisher_exact([[3, 6], [7, 2]]).pvalue
+    assert f"Fisher exact p {p:.2f}" in text and "6 of 9 settled $\\mathcal J_\\theta$ runs took that route at ρ = 1 (named 3 of 9, against 7 of 9 without the term" in text
     shortcut = read("shortcut")
-    input_code = lambda r: r["eval_coupling"] < -0.3 and r["I_zs_given_x_norm"] < 0.2
-    assert (len(shortcut), sum(map(input_code, shortcut)), sum(map(input_code, coupled))) == (20, 0, 7) and "no run took it (0 of 20" in text
-    assert sum(map(names, (r for r in shortcut if r["objective"] == "theta"))) == 8 and "then names the strategy on 8 of 10 runs, as many as without the term" in text
-    addition = [r for r in meaning + read("baseline") if r["regime"] == "addition"]
-    succeeds = lambda r: r["gen_alignment_controlled_all"] >= 0.9 and r["gen_answer_rate"] >= 0.98
+    took = lambda r: r["eval_coupling"] < -0.3 and r["I_zs_given_x_norm"] < 0.2
+    assert (len(shortcut), sum(map(took, shortcut)), settled_runs(read_records(ROOT / "reference" / "shortcut"))[1]) == (20, 0, 0) and "no run took it (0 of 20" in text
+    assert sum(map(names, (r for r in shortcut if r["objective"] == "theta"))) == 8 and "named the strategy on 8 of 10 runs" in text
+    addition = settled_runs([r for r in read_records(ROOT / "reference" / "meaning") + read_records(ROOT / "reference" / "baseline") if r["regime"] == "addition"])[0]
     arms = {}
-    for r in addition: arms.setdefault((r["objective"], r["coupling"], r["code_init_noise"], r["K"]), []).append(r)
-    assert (len(addition), sum(map(succeeds, addition)), max(sum(map(succeeds, a)) for a in arms.values())) == (30, 3, 1) and "3 of 30 runs succeed, at most one of 5 per arm" in text
-    assert not any(map(succeeds, read("baseline"))) and "none without any breaker (`reference/baseline/`;" in text
-    theta2 = [r for r in read("settled-2") if r["regime"] == "addition" and r["objective"] == "theta"]  # another two bases: there J_theta alone can succeed
-    assert [sum(r["base_seed"] == b for r in theta2) for b in (0, 1)] == [4, 4] and [sum(succeeds(r) for r in theta2 if r["base_seed"] == b) for b in (0, 1)] == [3, 0]
-    assert "$\\mathcal J_\\theta$ alone succeeds on 3 of 4 runs of one and none of the other" in text
+    for r in addition: arms.setdefault((r["objective"], r.get("coupling"), r["code_init_noise"], r["K"]), []).append(r)
     merges = lambda r: r["I_zs_given_x_norm"] < 0.85
     assert all(min(r["eval_loss"] for r in a if merges(r)) > max(r["eval_loss"] for r in a if not merges(r)) for a in arms.values() if any(map(merges, a)) and not all(map(merges, a)))
-    forced = [r["gen_forced_valid_rate"] for r in grid if names(r)]
-    assert f"({min(forced):.2f}–{max(forced):.2f} under forced codes)" in text
+    assert "a stall above the held-out loss of every run of its arm that separates them" in text and "`shortcut-addition` preset, its predictions written, not yet run" in text
+    parts = {(p["regime"], p["objective"]): p for p in success_parts(read_records(ROOT / "reference" / "settled")) if p["cell"] == "tau 0.07"}
+    assert sum(parts[("sorting", o)]["success_undecided"] for o in ("theta", "dist", "celbo")) == 33 and sum(parts[("sorting", o)]["runs"] for o in ("theta", "dist", "celbo")) == 34
+    assert all(parts[("sorting", o)]["meaning_met"] == parts[("sorting", o)]["runs"] for o in ("theta", "dist", "celbo")) and "undecided on 33 of 34 runs" in text
+    costs = [parts[("grid_pathfinding", o)]["validity_cost"] for o in ("theta", "dist", "celbo")]
+    assert (round(-max(costs) * 100, 1), round(-min(costs) * 100, 1)) == (2.5, 3.5) and "adaptation costs 2.5–3.5 points of validity under every objective" in text
+
 
 def test_the_readmes_default_run_is_the_reference_run():
     "The default command's figures in the README are its reference run's metrics.json, its times the run's log (idle, then beside another job)."
