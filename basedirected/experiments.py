@@ -242,6 +242,26 @@ PRESETS.update({
                             {"task.surface_forms": 4, "base_steps": 10000, "objectives": ("celbo_free_bits", "celbo_cyclical")})),
 })
 
+# %% ../nbs/11_experiments.ipynb #67530593
+# the coupling term against the marginal router r(z) on addition, fixed before it runs: J_theta at rho 1 with r(z), 5 CVAE seeds on each of the
+# three addition bases the references hold, beside the runs without a breaker those bases already have (meaning's base, the shipped addition-s0:
+# reference/baseline, 5 seeds; settled-2's two, reference/settled-2, 4 seeds each; the shipped addition-s1 is settled-2's second). On the grid
+# base the same term against r(z) took no input-code shortcut (0 of 20, reference/shortcut) and named the strategy on 8 of 10 J_theta runs, as
+# many as without it; on addition merges (left-to-right and place-value on one code) are the main failure. Predictions, one per base:
+# 1. fewer runs merge (I(z;s|x)/H < 0.85) with the term than without it, on each of the three bases (the term rewards a code the response
+#    reveals, and a merged code reveals less of it);
+# 2. the codes do not name the strategy across inputs on more runs than without it on meaning's base (0 of 5 without): relabelling by digit
+#    count costs the term nothing once the response shows the input (notebook 07a); on settled-2's bases no direction is predicted;
+# 3. the validity cost of adaptation (router minus base) stays within 0.02 of the runs without the term.
+# Size: 10 runs of 800 steps on the shipped bases (base seeds 0, 1; about an hour on 2 cores); settled-2's own base 0 is a second sitting,
+# --bases reference/settled-2/bases --only base0, a collection of its own (its base is another base of the same seed)
+PRESETS.update({
+    "shortcut-addition": Preset("shortcut-addition", ("theta",), "the coupling term against the marginal router r(z) on addition: J_theta at rho 1, "
+                                "5 seeds on each of the three addition bases the references hold (the shipped two, and settled-2's base 0 with --bases)",
+                                taus=(0.07,), seeds=tuple(range(5)), base_seeds=(0, 1, 2, 3), bases_needed=2, failed_bases="skip",
+                                regimes=("addition",), cvae_steps=800, evals=10, knobs={"cvae.coupling": 1.0, "cvae.router": "marginal"}),
+})
+
 # %% ../nbs/11_experiments.ipynb #b680e759
 PRESETS.update({
     "paper": Preset("paper", ("theta", "dist", "celbo"), "the study's design at the paper's model size with 20 seeds, two tau, an equal-beta "
