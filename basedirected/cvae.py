@@ -21,9 +21,9 @@ from .tasks import Example, Vocab
 
 # %% auto #0
 __all__ = ['POSTERIORS', 'ROUTERS', 'COUPLING_READERS', 'CVAEConfig', 'CVAEOutput', 'pooled_hidden', 'with_posterior',
-           'DiscreteCVAE', 'ResponseCodeClassifier', 'shared_prefix_code_losses', 'ContinuousCVAE', 'build_cvae',
-           'cvae_forward', 'exact_posterior_logits', 'exact_objective', 'posterior_forward', 'exact_posterior',
-           'objective_terms', 'router_logits']
+           'DiscreteCVAE', 'ResponseCodeClassifier', 'response_readability', 'shared_prefix_code_losses',
+           'ContinuousCVAE', 'build_cvae', 'cvae_forward', 'exact_posterior_logits', 'exact_objective',
+           'posterior_forward', 'exact_posterior', 'objective_terms', 'router_logits']
 
 # %% ../nbs/07_cvae.ipynb #b06353b4
 POSTERIORS = ("amortized", "exact", "exact+distill")
@@ -190,6 +190,33 @@ class ResponseCodeClassifier(nn.Module):
         e = self.tok(ids) + self.pos(t.clamp(max=self.pos.num_embeddings - 1))[None]
         if hasattr(self, "per_token"): e = self.per_token(e)  # without it the mean splits into tokens' mean + positions' mean: no order
         return self.mlp((e * mask[..., None]).sum(1) / mask.sum(1, keepdim=True))
+
+# %% ../nbs/07_cvae.ipynb #5c555855
+def response_readability(task_name: str,            # a registered task, built with its defaults
+                         ordered: bool,             # the reader: False the bag of tokens (coupling_reader "bag"), True "ordered"
+                         label=None,                # Example -> int, the label read (default: the strategy that wrote it)
+                         steps: int = 500,          # AdamW steps of batch 64
+                         seed: int = 0,             # the classifier's initialization and its batches
+                         n_train: int = 2000, n_held: int = 1000,  # examples drawn with data seeds 1 and 2
+                        ) -> dict:                  # accuracy, majority (the largest class's held-out share), n (held-out examples)
+    "Held-out accuracy of the coupling term's classifier $c_\\psi$ trained on a label of the response alone: what it can read of that label."
+    from .tasks import make_task
+    if steps < 1: raise ValueError(f"steps must be >= 1, got {steps}")
+    label = label or (lambda e: e.strategy)
+    task = make_task(task_name); vocab = Vocab.for_task(task, 3)
+    train, held = [e for e in task.generate(n_train, 1) if e.strategy >= 0], [e for e in task.generate(n_held, 2) if e.strategy >= 0]
+    classes = max(map(label, train + held)) + 1
+    torch.manual_seed(seed)
+    c_psi = ResponseCodeClassifier(len(vocab), 64, classes, 256, ordered=ordered)
+    opt, target = torch.optim.AdamW(c_psi.parameters(), 1e-3), torch.tensor([label(e) for e in train])
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        i = torch.randint(len(train), (64,), generator=g)
+        loss = F.cross_entropy(c_psi(as_rows(vocab, [train[j] for j in i], torch.device("cpu")).base), target[i])
+        opt.zero_grad(); loss.backward(); opt.step()
+    with torch.no_grad(): guess = c_psi(as_rows(vocab, held, torch.device("cpu")).base).argmax(-1)
+    truth = torch.tensor([label(e) for e in held])
+    return {"accuracy": (guess == truth).float().mean().item(), "majority": torch.bincount(truth).max().item() / len(truth), "n": len(held)}
 
 # %% ../nbs/07_cvae.ipynb #c73bb8e1
 def shared_prefix_code_losses(generator: nn.Module,     # a backbone with `supports_packed_codes`
