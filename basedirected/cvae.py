@@ -17,7 +17,7 @@ from .distributions import categorical_kl, gaussian_kl
 from .model import Batch, CausalLM, Rows, as_rows, gather_response, layout_tokens
 from .objective import ReconstructionLossConfig, free_bits_kl, loss_token_weights, objective
 from .surprisal import token_surprisal
-from .tasks import Example, Vocab
+from .tasks import Example, Vocab, make_task
 
 # %% auto #0
 __all__ = ['POSTERIORS', 'ROUTERS', 'COUPLING_READERS', 'CVAEConfig', 'CVAEOutput', 'pooled_hidden', 'with_posterior',
@@ -200,7 +200,6 @@ def response_readability(task_name: str,            # a registered task, built w
                          n_train: int = 2000, n_held: int = 1000,  # examples drawn with data seeds 1 and 2
                         ) -> dict:                  # accuracy, majority (the largest class's held-out share), n (held-out examples)
     "Held-out accuracy of the coupling term's classifier $c_\\psi$ trained on a label of the response alone: what it can read of that label."
-    from .tasks import make_task
     if steps < 1: raise ValueError(f"steps must be >= 1, got {steps}")
     label = label or (lambda e: e.strategy)
     task = make_task(task_name); vocab = Vocab.for_task(task, 3)
