@@ -14,9 +14,9 @@ from .conventions import autocast_disabled, check_at_most, check_batch, check_no
 from .surprisal import prepare_surprisal
 
 # %% auto #0
-__all__ = ['INVERSE_SURPRISAL_FLOOR', 'MAX_GAMMA', 'GAMMA_CEILING_WHY', 'uniform_weights', 'ReferenceWeights',
-           'reference_weights', 'surprisal_share_weights', 'concentration_factor', 'corrected_weights',
-           'reconstruction_weights', 'inverse_surprisal_weights']
+__all__ = ['INVERSE_SURPRISAL_FLOOR', 'MAX_GAMMA', 'GAMMA_CEILING_WHY', 'uniform_weights', 'surprisal_share_weights',
+           'concentration_factor', 'corrected_weights', 'reconstruction_weights', 'inverse_surprisal_weights',
+           'ReferenceWeights', 'reference_weights']
 
 # %% ../nbs/02_weights.ipynb #c996c2d0
 def uniform_weights(mask: torch.Tensor,                 # 0/1 or bool over response tokens, (B, T)
@@ -38,9 +38,60 @@ def _share(log_b: torch.Tensor,   # log surprisal, (B, T); -inf where b = 0
     logits = torch.where(degenerate & mask, torch.zeros_like(logits), logits)
     return torch.softmax(logits, dim=-1)
 
-# %% ../nbs/02_weights.ipynb #bd898b87
+# %% ../nbs/02_weights.ipynb #ee4b62b5
+def surprisal_share_weights(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
+                            mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
+                            gamma: float,           # gamma >= 0: concentration exponent
+                           ) -> torch.Tensor:       # w~_t, rows sum to 1, (B, T)
+    "$\\widetilde w_{\\theta,t}^{(\\gamma)}$: raw normalized surprisal weights, rows sum to 1 (note 000)."
+    return reference_weights(base_nll, mask, gamma=gamma).share
+
+# %% ../nbs/02_weights.ipynb #921be3dd
+def _kappa(share: torch.Tensor, # a normalized token policy, (B, T)
+           b: torch.Tensor,     # prepared surprisal, zero off the mask, (B, T)
+           bbar: torch.Tensor,  # b_theta, (B,)
+          ) -> torch.Tensor:    # sum_t share_t b_t / b_theta, (B,)
+    "$\\sum_t s_t b_t / b_\\theta$, defined as 1 on rows whose surprisal is all zero."
+    safe = torch.where(bbar > 0, bbar, torch.ones_like(bbar))
+    return torch.where(bbar > 0, (share * b).sum(-1) / safe, torch.ones_like(bbar))
+
+# %% ../nbs/02_weights.ipynb #0bb6a368
+def concentration_factor(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
+                         mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
+                         gamma: float,           # gamma >= 0: concentration exponent
+                        ) -> torch.Tensor:       # kappa >= 1 per example, (B,)
+    "$\\kappa_\\theta^{(\\gamma)} = \\sum_t \\widetilde w_t b_t / b_\\theta$, shape `(B,)` (note 000)."
+    return reference_weights(base_nll, mask, gamma=gamma).kappa
+
+# %% ../nbs/02_weights.ipynb #cbc712c7
+def corrected_weights(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
+                      mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
+                      gamma: float,           # gamma >= 0: concentration exponent
+                     ) -> torch.Tensor:       # w_t = w~_t / kappa, (B, T)
+    "$w_{\\theta,t}^{(\\gamma)} = \\widetilde w_t / \\kappa$: concentration-corrected weights, $\\sum_t w_t b_t = b_\\theta$ (note 000)."
+    return reference_weights(base_nll, mask, gamma=gamma).corrected
+
+# %% ../nbs/02_weights.ipynb #82a0e1ad
+def reconstruction_weights(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
+                           mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
+                           alpha: float,           # alpha in [0, 1]: uniform (1) vs corrected (0)
+                           gamma: float,           # gamma >= 0: concentration exponent
+                          ) -> torch.Tensor:       # a_t, (B, T)
+    "$a_{\\theta,t} = \\alpha u_t + (1-\\alpha) w_t$: the final weights of $\\mathcal R_\\theta$ (note 000)."
+    return reference_weights(base_nll, mask, alpha=alpha, gamma=gamma).final
+
+# %% ../nbs/02_weights.ipynb #e1dda992
 INVERSE_SURPRISAL_FLOOR = 1e-3  # nats; b below this counts as equally predictable in the ablation
 
+def inverse_surprisal_weights(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
+                              mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
+                              gamma: float,           # gamma >= 0: exponent of b^-gamma
+                              inverse_floor: float = INVERSE_SURPRISAL_FLOOR, # epsilon (nats): b is floored here
+                             ) -> torch.Tensor:       # v_t = v~_t / kappa_inv, (B, T)
+    "$v_t = \\widetilde v_t / \\kappa^{\\mathrm{inv}}$: the inverse-surprisal ablation's corrected weights (note 001)."
+    return reference_weights(base_nll, mask, gamma=gamma, inverse_floor=inverse_floor).inverse
+
+# %% ../nbs/02_weights.ipynb #bd898b87
 @dataclass(frozen=True)
 class ReferenceWeights:
     "Every z-free reference statistic of one batch (note 000); all `(B, T)` or `(B,)`, zero off the mask."
@@ -59,15 +110,6 @@ class ReferenceWeights:
     mean_one: torch.Tensor   # (B, T) (lambda b_t / b_theta + 1 - lambda) / T_y, rows sum to 1
     alpha: float
     gamma: float
-
-# %% ../nbs/02_weights.ipynb #921be3dd
-def _kappa(share: torch.Tensor, # a normalized token policy, (B, T)
-           b: torch.Tensor,     # prepared surprisal, zero off the mask, (B, T)
-           bbar: torch.Tensor,  # b_theta, (B,)
-          ) -> torch.Tensor:    # sum_t share_t b_t / b_theta, (B,)
-    "$\\sum_t s_t b_t / b_\\theta$, defined as 1 on rows whose surprisal is all zero."
-    safe = torch.where(bbar > 0, bbar, torch.ones_like(bbar))
-    return torch.where(bbar > 0, (share * b).sum(-1) / safe, torch.ones_like(bbar))
 
 # %% ../nbs/02_weights.ipynb #edf8dca3
 def _top_surprisal(b: torch.Tensor,    # prepared surprisal, zero off the mask, (B, T)
@@ -123,43 +165,3 @@ def reference_weights(base_nll: torch.Tensor,  # b_{theta,t} from the frozen bas
         top = _top_surprisal(b, mask, topk_fraction)
         mean_one = _mean_one(b, bbar, u, mean_one_lambda)
     return ReferenceWeights(mask, b, bbar, u, share, kappa, corrected, final, inv_share, inv_kappa, inverse, top, mean_one, alpha, gamma)
-
-# %% ../nbs/02_weights.ipynb #c1e5fc64
-def surprisal_share_weights(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
-                            mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
-                            gamma: float,           # gamma >= 0: concentration exponent
-                           ) -> torch.Tensor:       # w~_t, rows sum to 1, (B, T)
-    "$\\widetilde w_{\\theta,t}^{(\\gamma)}$: raw normalized surprisal weights, rows sum to 1 (note 000)."
-    return reference_weights(base_nll, mask, gamma=gamma).share
-
-def concentration_factor(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
-                         mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
-                         gamma: float,           # gamma >= 0: concentration exponent
-                        ) -> torch.Tensor:       # kappa >= 1 per example, (B,)
-    "$\\kappa_\\theta^{(\\gamma)} = \\sum_t \\widetilde w_t b_t / b_\\theta$, shape `(B,)` (note 000)."
-    return reference_weights(base_nll, mask, gamma=gamma).kappa
-
-# %% ../nbs/02_weights.ipynb #513027aa
-def corrected_weights(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
-                      mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
-                      gamma: float,           # gamma >= 0: concentration exponent
-                     ) -> torch.Tensor:       # w_t = w~_t / kappa, (B, T)
-    "$w_{\\theta,t}^{(\\gamma)} = \\widetilde w_t / \\kappa$: concentration-corrected weights, $\\sum_t w_t b_t = b_\\theta$ (note 000)."
-    return reference_weights(base_nll, mask, gamma=gamma).corrected
-
-def reconstruction_weights(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
-                           mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
-                           alpha: float,           # alpha in [0, 1]: uniform (1) vs corrected (0)
-                           gamma: float,           # gamma >= 0: concentration exponent
-                          ) -> torch.Tensor:       # a_t, (B, T)
-    "$a_{\\theta,t} = \\alpha u_t + (1-\\alpha) w_t$: the final weights of $\\mathcal R_\\theta$ (note 000)."
-    return reference_weights(base_nll, mask, alpha=alpha, gamma=gamma).final
-
-# %% ../nbs/02_weights.ipynb #e1dda992
-def inverse_surprisal_weights(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
-                              mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
-                              gamma: float,           # gamma >= 0: exponent of b^-gamma
-                              inverse_floor: float = INVERSE_SURPRISAL_FLOOR, # epsilon (nats): b is floored here
-                             ) -> torch.Tensor:       # v_t = v~_t / kappa_inv, (B, T)
-    "$v_t = \\widetilde v_t / \\kappa^{\\mathrm{inv}}$: the inverse-surprisal ablation's corrected weights (note 001)."
-    return reference_weights(base_nll, mask, gamma=gamma, inverse_floor=inverse_floor).inverse
