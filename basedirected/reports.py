@@ -196,9 +196,9 @@ def _arm(r: dict) -> str:
     return f"theta(a={r['alpha']:g},g={r['gamma']:g})"
 
 def _comparisons(arms) -> list[tuple[str, str]]:
-    "Every J_theta arm (the default first) against every other arm it precedes: (baseline, other) pairs."
-    arms = sorted(arms, key=lambda a: (a != "theta", not a.startswith("theta"), a))
-    return [(a, b) for i, a in enumerate(arms) if a.startswith("theta") for b in arms[i + 1:]]
+    "Every J_theta arm (the default first) against every arm after it, and `dist` (the 1/c rescaling without token weights) against every other arm after it: (baseline, other) pairs."
+    arms = sorted(arms, key=lambda a: (a != "theta", not a.startswith("theta"), a != "dist", a))
+    return [(a, b) for i, a in enumerate(arms) if a.startswith("theta") or a == "dist" for b in arms[i + 1:]]
 
 def _unit(r: dict) -> tuple:
     "What a paired comparison pairs on: the base (its data seed) and the CVAE seed."
