@@ -332,7 +332,15 @@ def test_the_readmes_meaning_paragraph_is_the_reference_files():
     for r in addition: arms.setdefault((r["objective"], r.get("coupling"), r["code_init_noise"], r["K"]), []).append(r)
     merges = lambda r: r["I_zs_given_x_norm"] < 0.85
     assert all(min(r["eval_loss"] for r in a if merges(r)) > max(r["eval_loss"] for r in a if not merges(r)) for a in arms.values() if any(map(merges, a)) and not all(map(merges, a)))
-    assert "a stall above the held-out loss of every run of its arm that separates them" in text and "`shortcut-addition` preset, its predictions written, not yet run" in text
+    assert "a stall above the held-out loss of every run of its arm that separates them" in text
+    term = {name: settled_runs([r for r in read_records(ROOT / "reference" / name) if r["regime"] == "addition"])[0] for name in ("shortcut-addition", "shortcut-addition-2")}
+    without = {"meaning": settled_runs([r for r in read_records(ROOT / "reference" / "baseline")])[0],
+               "settled-2": settled_runs([r for r in read_records(ROOT / "reference" / "settled-2") if r["regime"] == "addition" and r["objective"] == "theta"])[0]}
+    succeeds = lambda r: r["gen_alignment_controlled_all"] >= 0.9 and r["gen_answer_rate"] >= 0.98
+    count = lambda rs, base: f"{sum(succeeds(r) for r in rs if r['base_seed'] == base)} of {sum(r['base_seed'] == base for r in rs)}"
+    assert [count(term["shortcut-addition"], 0), count(term["shortcut-addition"], 1), count(term["shortcut-addition-2"], 0)] == ["3 of 5", "1 of 5", "3 of 5"]
+    assert [count(without["meaning"], 0), count(without["settled-2"], 1), count(without["settled-2"], 0)] == ["0 of 5", "0 of 3", "3 of 4"]
+    assert "succeeds on 3 of 5 runs of `meaning`'s base and 1 of 5 and 3 of 5 on `settled-2`'s, against 0 of 5, 0 of 3 and 3 of 4 without it" in text
     parts = {(p["regime"], p["objective"]): p for p in success_parts(read_records(ROOT / "reference" / "settled")) if p["cell"] == "tau 0.07"}
     assert sum(parts[("sorting", o)]["success_undecided"] for o in ("theta", "dist", "celbo")) == 33 and sum(parts[("sorting", o)]["runs"] for o in ("theta", "dist", "celbo")) == 34
     assert all(parts[("sorting", o)]["meaning_met"] == parts[("sorting", o)]["runs"] for o in ("theta", "dist", "celbo")) and "undecided on 33 of 34 runs" in text
