@@ -30,7 +30,7 @@ __all__ = ['ALIGNMENT_RULES', 'NULL_SAMPLES', 'SETTLE_WINDOW', 'SETTLE_TOLERANCE
            'alignment_many_to_one', 'contingency_tables', 'permutation_tables', 'alignment_null', 'alignment_record',
            'posterior_meaning', 'mean_record', 'generation_scores', 'departure', 'validity_by_code',
            'generation_metrics', 'within_input_strategy_information', 'marginal_nll', 'settling', 'settled_strictly',
-           'evaluate_model']
+           'stopping_verdicts', 'evaluate_model']
 
 # %% ../nbs/08_metrics.ipynb #20e5e798
 def entropy(p: torch.Tensor,   # probabilities, summing to 1 along `dim`
@@ -538,6 +538,17 @@ def settled_strictly(verdict: dict,  # `settling`'s figures, with alignment_rang
     figures = [verdict.get(k) for k in ("settled", "alignment_range_last", "loss_fall_last")]
     if any(f is None for f in figures): return None
     return bool(figures[0] and figures[1] < alignment_range and figures[2] < loss_fall)
+
+def stopping_verdicts(curve: list[tuple[int, float]],  # (step, held-out rate) at each evaluation, in step order
+                      steps: int,                      # the run's last step T
+                      alignment: list | None = None,   # the posterior alignment at each evaluation (None where one was not logged)
+                      loss: list | None = None,        # the held-out loss at each evaluation (None where one was not logged)
+                     ) -> dict:                        # settling's figures and settled_strict; both verdicts None, with settle_note, where the curve cannot tell
+    "Both stopping rules on one run's held-out evaluations, as a run's record and a collection's `curves.csv` both read them: a series with a missing value is left out."
+    whole = lambda v: v if v is not None and None not in v else None
+    try: verdict = settling(curve, steps, alignment=whole(alignment), loss=whole(loss))
+    except ValueError as e: return {"settled": None, "settled_strict": None, "settle_note": str(e)}
+    return {**verdict, "settled_strict": settled_strictly(verdict)}
 
 # %% ../nbs/08_metrics.ipynb #78e41a5c
 def evaluate_model(model: nn.Module,                 # a trained CVAE

@@ -21,7 +21,7 @@ from .reconstruction import TERM_NAMES
 from .pretrained import shipped_name
 from .runs import RunDir, atomic_write_bytes, atomic_write_json, load_run, read_json, read_log
 from .machine import environment_record
-from .metrics import settled_strictly, settling
+from .metrics import stopping_verdicts
 from .config import TrainConfig, coordinate_label, coordinate_name, coordinates
 from .weights import reference_weights
 
@@ -751,15 +751,10 @@ def curve_verdicts(out: Path,  # a sweep's output directory or a collection (ref
     with open(SweepDir(out).curves, newline="") as f:
         for c in csv.DictReader(f): curves.setdefault(c["key"], []).append(c)
     number = lambda v: float(v) if v not in ("", None) else None
-    verdicts = {}
-    for key, rows in curves.items():
-        rows.sort(key=lambda c: int(c["step"]))
-        aligned, loss = [number(c["alignment_posterior"]) for c in rows], [number(c["loss"]) for c in rows]
-        try: v = settling([(int(c["step"]), float(c["rate"])) for c in rows], int(rows[-1]["step"]),
-                          alignment=aligned if None not in aligned else None, loss=loss if None not in loss else None)
-        except ValueError as e: verdicts[key] = {"settled": None, "settled_strict": None, "settle_note": str(e)}; continue
-        verdicts[key] = {**v, "settled_strict": settled_strictly(v)}
-    return verdicts
+    ordered = {key: sorted(rows, key=lambda c: int(c["step"])) for key, rows in curves.items()}
+    return {key: stopping_verdicts([(int(c["step"]), float(c["rate"])) for c in rows], int(rows[-1]["step"]),
+                                   alignment=[number(c["alignment_posterior"]) for c in rows], loss=[number(c["loss"]) for c in rows])
+            for key, rows in ordered.items()}
 
 # %% ../nbs/12_reports.ipynb #cb3c6180
 def write_reports(out: Path,            # the sweep's output directory

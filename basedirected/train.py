@@ -24,7 +24,7 @@ import torch.nn as nn
 from .base import gate_failures
 from .conventions import trusted_values
 from .cvae import objective_terms, posterior_forward
-from .metrics import evaluate_model, posterior_meaning, settled_strictly, settling
+from .metrics import evaluate_model, posterior_meaning, stopping_verdicts
 from .objective import loss_reference_weights
 from .model import TinyCausalLM, layout_tokens
 from .base import GATE_SAMPLES_PER_INPUT, response_budget
@@ -514,10 +514,7 @@ def _settling(evals: list[dict],  # the run's held-out evaluation records, in st
               steps: int,         # its last step
              ) -> dict:           # `settling`'s figures; settled None where the evaluations cannot tell
     "Both stopping rules on a run's logged evaluations: `settled` by the rate, `settled_strict` by the rate, the posterior's alignment and the held-out loss (where every evaluation logged them)."
-    aligned, loss = [e.get("alignment_posterior") for e in evals], [e.get("loss") for e in evals]
-    try: verdict = settling([(e["step"], e["kl"]) for e in evals], steps, alignment=aligned if None not in aligned else None, loss=loss if None not in loss else None)
-    except ValueError as e: return {"settled": None, "settle_note": str(e)}
-    return {**verdict, "settled_strict": settled_strictly(verdict)}
+    return stopping_verdicts([(e["step"], e["kl"]) for e in evals], steps, alignment=[e.get("alignment_posterior") for e in evals], loss=[e.get("loss") for e in evals])
 
 # %% ../nbs/10_train.ipynb #e8235555
 def run_metrics(run: Run,             # a trained run
