@@ -101,6 +101,6 @@ def test_a_quick_cell_rerun_on_the_references_cpu_type_equals_the_reference(tmp_
     (mine,) = [r for r in read_records(tmp_path) if r["key"] == key]
     (theirs,) = [r for r in read_records(ref) if r["key"] == key]
     assert all(r["exact"] == r["cells"] == 1 for r in compare_collections([mine], [theirs]))
-    shared = (set(mine) & set(theirs)) - {"seconds"}
-    assert {k: mine[k] for k in shared} == {k: theirs[k] for k in shared}  # every column both have but time
+    shared = (set(mine) & set(theirs)) - {"seconds", "git_revision", "git_dirty"}
+    assert {k: mine[k] for k in shared} == {k: theirs[k] for k in shared}  # every column both have but time and provenance (this tree's revision)
     assert set(theirs) <= set(mine) and set(mine) - set(theirs) <= {"git_revision", "git_dirty", "cpu", "revealing_share", "settled_strict", "loss_fall_last"}  # columns added since it was made
