@@ -11,8 +11,9 @@ import warnings
 import numpy as np
 
 # %% auto #0
-__all__ = ['within_base_interval', 'across_base_interval', 'variance_components', 'settled_runs', 'contrast_interval', 'coverage',
-           'sign_flip_pvalue']
+__all__ = ['SEPARATES', 'NAMES', 'RELABELS_BELOW', 'within_base_interval', 'across_base_interval', 'variance_components',
+           'settled_runs', 'contrast_interval', 'interval_call', 'resolved', 'judged_alignment', 'code_verdict',
+           'names_strategy', 'verdict_counts', 'bases_needed', 'coverage', 'sign_flip_pvalue']
 
 # %% ../nbs/08a_comparisons.ipynb #bda6545f
 def _groups(by_base: dict) -> list[np.ndarray]:
@@ -79,15 +80,77 @@ def settled_runs(records: list[dict],  # runs' records (metrics.json, or rows of
 
 def contrast_interval(by_base: dict,            # base -> its per-seed values (paired differences, or one arm's metric)
                       confidence: float = 0.95,
-                     ) -> dict:                 # mean, lo, hi, se, df, rule, bases, n
-    "The one interval of a contrast: the wider of `within_base_interval` and `across_base_interval` (with its df), or with one base the within-base interval; `rule` says which it is."
+                     ) -> dict:                 # mean, lo, hi, se, df, p, rule, bases, n
+    "The one interval of a contrast: the wider of `within_base_interval` and `across_base_interval` (with its df), or with one base the within-base interval; `rule` says which it is, and `p` is the two-sided t test of the same mean, se and df (p < 0.05 exactly when the 95 % interval excludes 0)."
+    from scipy import stats
     w, B = within_base_interval(by_base, confidence), len(by_base)
     n = sum(len(np.asarray(v).ravel()) for v in by_base.values())
-    if B == 1: return {**w, "rule": "within one base", "bases": 1, "n": n}
+    p_of = lambda r: float(2 * stats.t.sf(abs(r["mean"]) / r["se"], r["df"])) if math.isfinite(r["se"]) and r["se"] > 0 else float("nan")
+    if B == 1: return {**w, "p": p_of(w), "rule": "within one base", "bases": 1, "n": n}
     x = across_base_interval(by_base, confidence)
     width = lambda r: r["hi"] - r["lo"] if math.isfinite(r["hi"] - r["lo"]) else -math.inf  # no interval (no spread) is never the wider
     pick, rule = (x, "across bases") if width(x) >= width(w) else (w, "within base (wider)")
-    return {"mean": x["mean"], "lo": pick["lo"], "hi": pick["hi"], "se": pick["se"], "df": pick["df"], "rule": rule, "bases": B, "n": n}
+    return {"mean": x["mean"], "lo": pick["lo"], "hi": pick["hi"], "se": pick["se"], "df": pick["df"], "p": p_of({**pick, "mean": x["mean"]}),
+            "rule": rule, "bases": B, "n": n}
+
+# %% ../nbs/08a_comparisons.ipynb #6d2a5be2
+SEPARATES = 0.85      # I(z;s|x)/H(s) at and above which a run keeps each input's strategies on codes of their own
+NAMES = 0.9           # judged alignment at and above which the codes name the strategy
+RELABELS_BELOW = 0.8  # judged alignment below which the codes are labelled differently across inputs
+
+def interval_call(lo: float,  # the rule's lower 95 % bound
+                  hi: float,  # the rule's upper 95 % bound
+                 ) -> str:    # 'resolved above 0', 'resolved below 0', 'unresolved' or 'no interval'
+    "The one meaning of *resolved*: the rule's interval lies wholly on one side of 0."
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (lo, hi)): return "no interval"
+    return "resolved above 0" if lo > 0 else "resolved below 0" if hi < 0 else "unresolved"
+
+def resolved(row: dict) -> bool:  # a row with the rule's `lo` and `hi`
+    "Whether a contrast's interval by the rule excludes 0 (`interval_call`)."
+    return interval_call(row["lo"], row["hi"]).startswith("resolved")
+
+# %% ../nbs/08a_comparisons.ipynb #09d52262
+def judged_alignment(record: dict,    # a run's record
+                     strategies: int = 3,  # the task's number of strategies (three on every task of the package)
+                    ) -> float | None:     # None: the record lacks the figure
+    "How well forced codes name the strategy where a generation can be attributed: one-to-one alignment with as many codes as strategies, many-to-one purity with spare codes."
+    v = record.get("gen_alignment_controlled" if int(record.get("K", strategies)) == strategies else "gen_purity_controlled")
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+def code_verdict(record: dict, strategies: int = 3) -> str:  # 'names', 'relabels', 'between', 'merges' or 'unjudged'
+    "The one verdict on what a run's codes do: merges, names the strategy, relabels across inputs, or between (thresholds `SEPARATES`, `NAMES`, `RELABELS_BELOW`)."
+    separation, judged = record.get("I_zs_given_x_norm"), judged_alignment(record, strategies)
+    if not isinstance(separation, (int, float)) or not math.isfinite(separation) or judged is None: return "unjudged"
+    if separation < SEPARATES: return "merges"
+    return "names" if judged >= NAMES else "relabels" if judged < RELABELS_BELOW else "between"
+
+def names_strategy(record: dict, strategies: int = 3) -> bool:
+    "Whether a run's codes name the strategy (`code_verdict`)."
+    return code_verdict(record, strategies) == "names"
+
+def verdict_counts(records: list[dict]) -> dict[str, int]:  # every verdict's count, zeros included
+    "How many runs merge, name the strategy, relabel, fall between or are unjudged (`code_verdict` on each)."
+    verdicts = [code_verdict(r) for r in records]
+    return {v: verdicts.count(v) for v in ("names", "relabels", "between", "merges", "unjudged")}
+
+# %% ../nbs/08a_comparisons.ipynb #787f0575
+def bases_needed(var_base: float,        # sigma_b^2 of the contrast, e.g. `variance_components`' var_base
+                 var_seed: float,        # sigma_s^2, `variance_components`' var_seed
+                 half_width: float,      # the target 95 % half-width
+                 seeds: int | None = 4,  # CVAE seeds per base (None: unlimited)
+                 confidence: float = 0.95,
+                 max_bases: int = 10_000,
+                ) -> dict:               # bases, seeds, half_width (expected, at that many bases); bases None past max_bases
+    "The fewest bases whose expected across-base half-width $t_{B-1}\\sqrt{(\\sigma_b^2 + \\sigma_s^2/n)/B}$ reaches `half_width`."
+    from scipy import stats
+    for name, v in (("var_base", var_base), ("var_seed", var_seed)):
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0): raise ValueError(f"{name} must be a finite variance >= 0, got {v!r}")
+    if not (isinstance(half_width, (int, float)) and math.isfinite(half_width) and half_width > 0): raise ValueError(f"half_width must be > 0, got {half_width!r}")
+    if seeds is not None and seeds < 1: raise ValueError(f"seeds must be >= 1 (or None: unlimited), got {seeds}")
+    per_base = var_base + (0.0 if seeds is None else var_seed / seeds)
+    h = lambda B: float(stats.t.ppf(0.5 + confidence / 2, B - 1)) * math.sqrt(per_base / B)
+    B = next((B for B in range(2, max_bases + 1) if h(B) <= half_width), None)
+    return {"bases": B, "seeds": seeds, "half_width": h(B) if B else float("nan")}
 
 # %% ../nbs/08a_comparisons.ipynb #035d2e5a
 def coverage(sigma_base: float,       # standard deviation of the base effect u_b

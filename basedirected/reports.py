@@ -26,14 +26,15 @@ from .config import TrainConfig, coordinate_label, coordinate_name, coordinates
 from .weights import reference_weights
 
 # %% auto #0
-__all__ = ['TABLE_METRICS', 'GRID_COORDINATES', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'PAIRED_METRICS', 'SUCCESS', 'MEANING_FLOOR',
-           'CURVE_TERMS', 'ANSWER_METRIC', 'PRIMARY_FIGURES', 'group_by', 'aggregate', 'markdown_table',
-           'contrasts_markdown', 'stats_markdown', 'write_results', 'holm', 'paired_difference', 'paired_statistics',
-           'success_counts', 'success_parts', 'base_contrasts', 'metric_components', 'run_dirs', 'read_results',
-           'figure_frontier', 'figure_collapse', 'figure_alignment', 'figure_escape', 'figure_curves',
-           'figure_gain_per_position', 'figure_weights', 'figure_paired', 'answer_rows', 'answer_text', 'figure_answer',
-           'compare_collections', 'comparison_text', 'write_figures', 'write_base_gates', 'write_curves',
-           'curve_verdicts', 'write_reports']
+__all__ = ['TABLE_METRICS', 'GRID_COORDINATES', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'STATS_HEADER', 'CONTRASTS_HEADER',
+           'PAIRED_METRICS', 'SUCCESS', 'MEANING_FLOOR', 'CURVE_TERMS', 'ANSWER_METRIC', 'PRIMARY_FIGURES',
+           'GENERATOR_FALL_NATS', 'group_by', 'aggregate', 'markdown_table', 'contrasts_markdown', 'stats_markdown',
+           'write_results', 'holm', 'paired_difference', 'paired_statistics', 'success_counts', 'success_parts',
+           'base_contrasts', 'metric_components', 'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse',
+           'figure_alignment', 'figure_escape', 'figure_curves', 'figure_gain_per_position', 'figure_weights',
+           'figure_paired', 'answer_rows', 'answer_text', 'figure_answer', 'compare_collections', 'comparison_text',
+           'write_figures', 'write_base_gates', 'write_curves', 'curve_verdicts', 'nats_per_unit',
+           'strict_rule_in_nats', 'write_reports']
 
 # %% ../nbs/12_reports.ipynb #ca5567ef
 _ALIGNMENTS = tuple(f"{pre}{a}_{t}{s}" for pre, t in (("", "posterior"), ("gen_", "controlled"), ("gen_", "controlled_all"))
@@ -115,16 +116,23 @@ def markdown_table(rows: list[dict],         # `aggregate`'s rows
     return "\n".join(lines) + "\n" + (f"\n{legend}\n" if legend else "")
 
 # %% ../nbs/12_reports.ipynb #24c144d1
+STATS_HEADER = ("Paired differences A − B over the (base, CVAE seed) units that ran both arms, runs the stopping rule did not pass left out with their pairs. "
+                "Every interval and p is the one rule's (`contrast_interval`): the wider of the across-base and within-base 95 % t intervals, with one base the within-base one.")
+CONTRASTS_HEADER = ("Contrasts with the base as a factor. The rule's interval (`contrast_interval`) is the one to read; the within-base and across-base intervals beside it are "
+                    "the two it chooses between, shown as its parts. The sign-flip p treats every pair as independent (seeds pooled across bases): it is not the rule's. "
+                    "'Every run kept' is the same contrast with the pairs the unsettled policy leaves out put back, the policy's sensitivity (— where none was left out).")
+
 def contrasts_markdown(rows: list[dict],  # `base_contrasts`'s rows
                       ) -> str:          # one Markdown table row each
-    "`base_contrasts` as a Markdown table: the mean, its within-base and across-base 95 % intervals, the p-values and the variance components."
+    "`base_contrasts` as a Markdown table under `CONTRASTS_HEADER`: the rule's interval first, its two parts, the sign-flip p (labelled as not the rule's), the figure with every run kept and the variance components."
     f = lambda v: "—" if not (isinstance(v, float) and math.isfinite(v)) else f"{v:.3g}"
-    lines = ["| task | cell | comparison | metric | bases | pairs | mean | within base [95 %] | across bases [95 %] | p across (Holm) | sign-flip p | var base | var seed |",
-             "|" + "---|" * 13]
+    kept = lambda r: "—" if not r.get("unsettled_left_out") else f"{r['mean_all']:+.3f} [{r['lo_all']:+.3f}, {r['hi_all']:+.3f}] ({r['n_all']} pairs)"
+    lines = [CONTRASTS_HEADER, "", "| task | cell | comparison | metric | bases | pairs (unsettled left out) | mean [95 %, the rule] | rule | parts: within base | parts: across bases, p (Holm) | "
+             "sign-flip p (not the rule) | every run kept [the rule] | var base | var seed |", "|" + "---|" * 14]
     for r in rows:
-        lines.append(f"| {r['regime']} | {r['cell']} | {r['comparison']} | {r['metric']} | {r['bases']} | {r['n']} | {r['mean']:+.3f} | "
-                     f"[{r['within_lo']:+.3f}, {r['within_hi']:+.3f}] | [{r['across_lo']:+.3f}, {r['across_hi']:+.3f}] | {f(r['across_p'])} ({f(r.get('across_p_holm'))}) | "
-                     f"{f(r['sign_flip_p'])} | {f(r['var_base'])} | {f(r['var_seed'])} |")
+        lines.append(f"| {r['regime']} | {r['cell']} | {r['comparison']} | {r['metric']} | {r['bases']} | {r['n']} ({r.get('unsettled_left_out', 0)}) | {r['mean']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] | {r['rule']} | "
+                     f"[{r['within_lo']:+.3f}, {r['within_hi']:+.3f}] | [{r['across_lo']:+.3f}, {r['across_hi']:+.3f}], {f(r['across_p'])} ({f(r.get('across_p_holm'))}) | "
+                     f"{f(r['sign_flip_p'])} | {kept(r)} | {f(r['var_base'])} | {f(r['var_seed'])} |")
     return "\n".join(lines) + "\n"
 
 # %% ../nbs/12_reports.ipynb #d08f946e
@@ -135,12 +143,12 @@ def _csv_bytes(rows: list[dict], cols: list[str]) -> bytes:
 
 def stats_markdown(rows: list[dict],  # `paired_statistics`'s rows
                   ) -> str:          # one Markdown table row each
-    "`paired_statistics` as a Markdown table: mean difference [95 % interval], p and Holm-adjusted p, seeds."
-    lines = ["| task | cell | posterior | comparison | metric | seeds | mean difference [95 % CI] | p | p (Holm, across tasks) |", "|" + "---|" * 9]
+    "`paired_statistics` as a Markdown table: mean difference [95 % interval by the one rule], its p and Holm-adjusted p, bases and pairs."
+    lines = [STATS_HEADER, "", "| task | cell | posterior | comparison | metric | bases | pairs | mean difference [95 %, the rule] | rule | p (the rule) | p (Holm, across tasks) |", "|" + "---|" * 11]
     f = lambda v: "—" if not (isinstance(v, float) and math.isfinite(v)) else f"{v:.3g}"
     for r in rows:
-        lines.append(f"| {r['regime']} | {r['cell']} | {r['posterior']} | {r['comparison']} | {r['metric']} | {r['n']} | "
-                     f"{r['mean']:+.3f} [{r['ci_lo']:+.3f}, {r['ci_hi']:+.3f}] | {f(r['p'])} | {f(r.get('p_holm'))} |")
+        lines.append(f"| {r['regime']} | {r['cell']} | {r['posterior']} | {r['comparison']} | {r['metric']} | {r.get('bases', '—')} | {r['n']} | "
+                     f"{r['mean']:+.3f} [{r['ci_lo']:+.3f}, {r['ci_hi']:+.3f}] | {r.get('rule', '—')} | {f(r['p'])} | {f(r.get('p_holm'))} |")
     return "\n".join(lines) + "\n"
 
 def write_results(out: Path,             # the sweep's output directory
@@ -153,7 +161,7 @@ def write_results(out: Path,             # the sweep's output directory
     atomic_write_bytes(out / "table.csv", _csv_bytes(rows, _scalar_columns(rows)))
     atomic_write_bytes(out / "table.md", markdown_table(rows, legend=TABLE_LEGEND).encode())
     stats = paired_statistics(records)
-    cols = ["regime", "cell", "posterior", "K", "comparison", "metric", "n", "mean", "ci_lo", "ci_hi", "p", "p_holm", "unsettled_left_out", "seeds"]
+    cols = ["regime", "cell", "posterior", "K", "comparison", "metric", "bases", "n", "mean", "ci_lo", "ci_hi", "rule", "p", "p_holm", "unsettled_left_out", "seeds"]
     atomic_write_bytes(out / "stats.csv", _csv_bytes(stats, cols))
     atomic_write_bytes(out / "stats.md", stats_markdown(stats).encode())
     atomic_write_bytes(out / "success.csv", _csv_bytes(success_counts(records), ["regime", "cell", "posterior", "K", "objective", "success", "success_n", "success_lo", "success_hi", "unsettled"]))
@@ -218,12 +226,14 @@ def _paired_units(records: list[dict]) -> dict:
         if r.get("latent") == "discrete": by.setdefault((r["regime"], _cell(r), r.get("posterior"), r.get("K")), {}).setdefault(_arm(r), {})[_unit(r)] = r
     return by
 
-def _pairs(objs: dict, a: str, b: str, metric: str) -> tuple[list[tuple], list[float], int]:
-    "The units both arms ran, their differences a − b in `metric` (settled runs only) and how many unsettled pairs were left out."
+def _pairs(objs: dict, a: str, b: str, metric: str,
+           every_run: bool = False,  # keep the pairs the unsettled policy leaves out (its sensitivity)
+          ) -> tuple[list[tuple], list[float], int]:
+    "The units both arms ran, their differences a − b in `metric` (settled runs only, unless `every_run`) and how many unsettled pairs were left out."
     units, diffs, unsettled = [], [], 0
     for u in sorted(set(objs[a]) & set(objs[b]), key=lambda u: tuple(-1 if v is None else v for v in u)):
         x, y = objs[a][u], objs[b][u]
-        if settled_runs([x, y])[1]: unsettled += 1; continue  # the one policy (notebook 08a): no conclusion from a run still moving
+        if settled_runs([x, y])[1] and not every_run: unsettled += 1; continue  # the one policy (notebook 08a): no conclusion from a run still moving
         if isinstance(x.get(metric), (int, float)) and isinstance(y.get(metric), (int, float)): units.append(u); diffs.append(x[metric] - y[metric])
     return units, diffs, unsettled
 
@@ -239,17 +249,19 @@ def _holm_across_tasks(rows: list[dict], p: str, adjusted: str) -> list[dict]:
 def paired_statistics(records: list[dict],                 # one metrics record per run
                       metrics: tuple[str, ...] = PAIRED_METRICS,  # the metrics compared
                      ) -> list[dict]:                      # a row per (task, cell, comparison, metric), Holm across tasks
-    "Paired differences J_theta − X per task, cell and metric over the units (base, CVAE seed) that ran both, unsettled runs left out (`_comparisons`: every J_theta arm against the arms after it)."
+    "Paired differences A − B per task, cell and metric over the units (base, CVAE seed) that ran both, unsettled runs left out (`_comparisons`), each with the one rule's interval and p (`contrast_interval`), Holm across tasks."
     rows = []
     for (regime, cell, posterior, K), objs in sorted(_paired_units(records).items(), key=lambda kv: tuple(map(str, kv[0]))):
         for a, b in _comparisons(objs):
             for m in metrics:
                 units, diffs, unsettled = _pairs(objs, a, b, m)
                 if not diffs: continue
-                one_base = len({u[0] for u in units}) == 1
+                by_base = {}
+                for (base, _), d in zip(units, diffs): by_base.setdefault(base, []).append(d)
+                rule, one_base = contrast_interval(by_base), len(by_base) == 1
                 rows.append({"regime": regime, "cell": cell, "posterior": posterior, "K": K, "comparison": f"{a} - {b}", "metric": m,
-                             **paired_difference(diffs), "unsettled_left_out": unsettled,
-                             "seeds": " ".join(str(s) if one_base else f"{base}:{s}" for base, s in units)})
+                             "n": rule["n"], "mean": rule["mean"], "ci_lo": rule["lo"], "ci_hi": rule["hi"], "p": rule["p"], "rule": rule["rule"], "bases": rule["bases"],
+                             "unsettled_left_out": unsettled, "seeds": " ".join(str(s) if one_base else f"{base}:{s}" for base, s in units)})
     return _holm_across_tasks(rows, "p", "p_holm")
 
 def success_counts(records: list[dict],  # one metrics record per run
@@ -301,10 +313,19 @@ def success_parts(records: list[dict],  # one metrics record per run
     return rows
 
 # %% ../nbs/12_reports.ipynb #3bf13258
+def _every_run_kept(objs: dict, a: str, b: str, metric: str) -> dict:
+    "The contrast with the pairs the unsettled policy leaves out put back, by the same rule: mean_all, lo_all, hi_all, n_all, rule_all."
+    units, diffs, _ = _pairs(objs, a, b, metric, every_run=True)
+    by_base = {}
+    for (base, _), d in zip(units, diffs): by_base.setdefault(base, []).append(d)
+    if not by_base: return {"mean_all": float("nan"), "lo_all": float("nan"), "hi_all": float("nan"), "n_all": 0, "rule_all": "no pairs"}
+    r = contrast_interval(by_base)
+    return {"mean_all": r["mean"], "lo_all": r["lo"], "hi_all": r["hi"], "n_all": r["n"], "rule_all": r["rule"]}
+
 def base_contrasts(records: list[dict],                        # one metrics record per run
                    metrics: tuple[str, ...] = PAIRED_METRICS,  # the metrics compared
                   ) -> list[dict]:                             # a row per (task, cell, comparison, metric) with >= 2 bases
-    "Paired contrasts with the base as a factor: the rule's interval (`contrast_interval`: `lo`, `hi`, `df`, `rule`) beside the within-base and across-base ones, the exact sign-flip p over units, the variance components; Holm across tasks on the across-base p."
+    "Paired contrasts with the base as a factor: the rule's interval (`contrast_interval`: `lo`, `hi`, `df`, `rule`) beside the within-base and across-base ones, the exact sign-flip p over units, the variance components, and the same contrast with every run kept (`mean_all`, `lo_all`, `hi_all`, `n_all`: the unsettled policy's sensitivity); Holm across tasks on the across-base p."
     rows = []
     for (regime, cell, posterior, K), objs in sorted(_paired_units(records).items(), key=lambda kv: tuple(map(str, kv[0]))):
         for a, b in _comparisons(objs):
@@ -322,7 +343,8 @@ def base_contrasts(records: list[dict],                        # one metrics rec
                              "across_lo": x["lo"], "across_hi": x["hi"], "across_p": x["p"],
                              "sign_flip_p": sign_flip_pvalue(diffs) if len(diffs) <= 20 else float("nan"),
                              "var_base": vc.get("var_base", float("nan")), "var_seed": vc.get("var_seed", float("nan")),
-                             "base_means": " ".join(f"{k}:{sum(v) / len(v):+.4f}" for k, v in by_base.items()), "unsettled_left_out": unsettled})
+                             "base_means": " ".join(f"{k}:{sum(v) / len(v):+.4f}" for k, v in by_base.items()), "unsettled_left_out": unsettled,
+                             **_every_run_kept(objs, a, b, m)})
     return _holm_across_tasks(rows, "across_p", "across_p_holm")
 
 # %% ../nbs/12_reports.ipynb #51897a1c
@@ -755,6 +777,41 @@ def curve_verdicts(out: Path,  # a sweep's output directory or a collection (ref
     return {key: stopping_verdicts([(int(c["step"]), float(c["rate"])) for c in rows], int(rows[-1]["step"]),
                                    alignment=[number(c["alignment_posterior"]) for c in rows], loss=[number(c["loss"]) for c in rows])
             for key, rows in ordered.items()}
+
+# %% ../nbs/12_reports.ipynb #7a09c8f8
+GENERATOR_FALL_NATS = 0.005  # nats per token: the largest fall of the held-out reconstruction over the last fifth of a run whose generator has settled
+
+def nats_per_unit(record: dict,  # a run's record (objective, alpha, gamma, c_model)
+                 ) -> float | None:  # None: a custom or mixed loss, whose units are not one scale
+    "What one unit of a run's reconstruction is in nats per token: 1 for the cELBO family's $R_\\text{std}$, $\\widehat c_\\theta$ for the objectives measured in reference units."
+    from basedirected.objective import OBJECTIVE_NAMES, objectives
+    if record.get("objective") not in OBJECTIVE_NAMES: return None
+    loss = objectives(alpha=record.get("alpha") or 0.5, gamma=record.get("gamma") or 1.0)[record["objective"]].loss
+    used = [k for k, v in vars(loss).items() if k.startswith("lambda_") and v]
+    if used == ["lambda_std"]: return 1.0
+    c = record.get("c_model")
+    return float(c) if "lambda_std" not in used and isinstance(c, (int, float)) and c > 0 else None
+
+# %% ../nbs/12_reports.ipynb #13e94a3c
+def strict_rule_in_nats(out: Path,              # a sweep's output directory or a collection, with results.csv and curves.csv
+                        fall: float = GENERATOR_FALL_NATS,
+                       ) -> dict[str, dict]:    # key -> settled, alignment_range_last, recon_fall_nats, settled_strict_nats (None: cannot be judged)
+    "The stricter rule with its loss criterion in nats per token: settled by the rate, the posterior's alignment ranging by < 0.05 over the last fifth, and the held-out reconstruction falling there by less than `fall` nats per token."
+    from basedirected.cluster import read_records
+    from basedirected.metrics import GENERATOR_ALIGNMENT_RANGE
+    verdicts, recon = curve_verdicts(out), {}
+    with open(SweepDir(out).curves, newline="") as f:
+        for c in csv.DictReader(f): recon.setdefault(c["key"], {})[int(c["step"])] = float(c["recon"]) if c["recon"] not in ("", None) else None
+    out_rows = {}
+    for r in read_records(Path(out)):
+        v, unit = verdicts.get(r["key"], {}), nats_per_unit(r)
+        start, series = v.get("settle_window_from"), recon.get(r["key"], {})
+        ends = (series.get(start), series[max(series)]) if start is not None and series else (None, None)
+        drop = (ends[0] - ends[1]) * unit if unit is not None and None not in ends else None
+        judged = v.get("settled") is not None and v.get("alignment_range_last") is not None and drop is not None
+        out_rows[r["key"]] = {"settled": v.get("settled"), "alignment_range_last": v.get("alignment_range_last"), "recon_fall_nats": drop,
+                              "settled_strict_nats": bool(v["settled"] and v["alignment_range_last"] < GENERATOR_ALIGNMENT_RANGE and drop < fall) if judged else None}
+    return out_rows
 
 # %% ../nbs/12_reports.ipynb #cb3c6180
 def write_reports(out: Path,            # the sweep's output directory
