@@ -287,6 +287,10 @@ def test_the_readmes_figures_are_the_reference_files():
     assert "every objective's codes name the strategy on every settled sorting run (12 of $\\mathcal J_\\theta$, 12 of `dist`, 10 of the cELBO, whose 2 unsettled runs are left out)" in text
     verdicts = curve_verdicts(ROOT / "reference" / "settled")
     assert (sum(bool(v["settled_strict"]) for v in verdicts.values()), len(verdicts)) == (28, 94) and "passes 28 of settled's 94 runs" in text
+    from basedirected.reports import strict_rule_in_nats
+    in_nats = strict_rule_in_nats(ROOT / "reference" / "settled")
+    assert sum(bool(v["settled_strict_nats"]) for v in in_nats.values()) == sum(bool(v["settled"]) for v in verdicts.values()) == 87 and "in nats per token it passes all 87 the rate rule passes" in text
+    assert round(max(v["recon_fall_nats"] for v in in_nats.values() if v["settled"]), 3) == 0.002 and "the largest fall 0.002 nats" in text
 
 
 def test_the_readmes_meaning_paragraph_is_the_reference_files():
@@ -304,8 +308,7 @@ def test_the_readmes_meaning_paragraph_is_the_reference_files():
     from basedirected.cluster import read_records
     from basedirected.comparisons import settled_runs
     from basedirected.reports import success_parts
-    judged = lambda r: r["gen_alignment_controlled"] if r["K"] == 3 else r["gen_purity_controlled"]
-    names = lambda r: r["I_zs_given_x_norm"] >= 0.85 and judged(r) >= 0.9
+    from basedirected.comparisons import names_strategy as names  # the one definition every page counts by
     plain = lambda r, regime: (r["regime"] == regime and r["objective"] == "theta" and r.get("alpha", 0.5) == 0.5 and not r.get("coupling") and r.get("K", 3) == 3
                                and r.get("router", "input") == "input" and r.get("code_init_noise", 0.02) == 0.02 and (r.get("lr") or 1e-3) == 1e-3)
     def named(collection, regime):  # J_theta without a breaker, settled runs, base by base (the findings page's count)
