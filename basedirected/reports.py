@@ -29,11 +29,11 @@ from .weights import reference_weights
 __all__ = ['TABLE_METRICS', 'GRID_COORDINATES', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'STATS_HEADER', 'CONTRASTS_HEADER',
            'PAIRED_METRICS', 'SUCCESS', 'MEANING_FLOOR', 'CURVE_TERMS', 'ANSWER_METRIC', 'PRIMARY_FIGURES',
            'GENERATOR_FALL_NATS', 'group_by', 'aggregate', 'markdown_table', 'contrasts_markdown', 'stats_markdown',
-           'write_results', 'holm', 'paired_difference', 'paired_statistics', 'success_counts', 'success_parts',
-           'base_contrasts', 'metric_components', 'run_dirs', 'read_results', 'figure_frontier', 'figure_collapse',
-           'figure_alignment', 'figure_escape', 'figure_curves', 'figure_gain_per_position', 'figure_weights',
-           'figure_paired', 'answer_rows', 'answer_text', 'figure_answer', 'compare_collections', 'comparison_text',
-           'write_figures', 'write_base_gates', 'write_curves', 'curve_verdicts', 'nats_per_unit',
+           'write_results', 'write_statistics', 'holm', 'paired_difference', 'paired_statistics', 'success_counts',
+           'success_parts', 'base_contrasts', 'metric_components', 'run_dirs', 'read_results', 'figure_frontier',
+           'figure_collapse', 'figure_alignment', 'figure_escape', 'figure_curves', 'figure_gain_per_position',
+           'figure_weights', 'figure_paired', 'answer_rows', 'answer_text', 'figure_answer', 'compare_collections',
+           'comparison_text', 'write_figures', 'write_base_gates', 'write_curves', 'curve_verdicts', 'nats_per_unit',
            'strict_rule_in_nats', 'write_reports']
 
 # %% ../nbs/12_reports.ipynb #ca5567ef
@@ -160,13 +160,20 @@ def write_results(out: Path,             # the sweep's output directory
     rows = aggregate(records)
     atomic_write_bytes(out / "table.csv", _csv_bytes(rows, _scalar_columns(rows)))
     atomic_write_bytes(out / "table.md", markdown_table(rows, legend=TABLE_LEGEND).encode())
+    write_statistics(out, records)
+    atomic_write_bytes(out / "success.csv", _csv_bytes(success_counts(records), ["regime", "cell", "posterior", "K", "objective", "success", "success_n", "success_lo", "success_hi", "unsettled"]))
+    parts = success_parts(records)
+    atomic_write_bytes(out / "success_parts.csv", _csv_bytes(parts, list(parts[0]) if parts else ["regime"]))
+
+def write_statistics(out: Path,            # the sweep's output directory, or a collection whose statistics are written again
+                     records: list[dict],  # one metrics record per run
+                    ) -> None:
+    "stats.csv/.md (`paired_statistics`) and, with several bases per task, contrasts.csv/.md (`base_contrasts`) and variance.csv: every interval by the one rule, each file written atomically."
+    out = Path(out)
     stats = paired_statistics(records)
     cols = ["regime", "cell", "posterior", "K", "comparison", "metric", "bases", "n", "mean", "ci_lo", "ci_hi", "rule", "p", "p_holm", "unsettled_left_out", "seeds"]
     atomic_write_bytes(out / "stats.csv", _csv_bytes(stats, cols))
     atomic_write_bytes(out / "stats.md", stats_markdown(stats).encode())
-    atomic_write_bytes(out / "success.csv", _csv_bytes(success_counts(records), ["regime", "cell", "posterior", "K", "objective", "success", "success_n", "success_lo", "success_hi", "unsettled"]))
-    parts = success_parts(records)
-    atomic_write_bytes(out / "success_parts.csv", _csv_bytes(parts, list(parts[0]) if parts else ["regime"]))
     if contrasts := base_contrasts(records):  # several bases per task: the base as a factor
         atomic_write_bytes(out / "contrasts.csv", _csv_bytes(contrasts, list(contrasts[0]) + ["across_p_holm"] * ("across_p_holm" not in contrasts[0])))
         atomic_write_bytes(out / "contrasts.md", contrasts_markdown(contrasts).encode())

@@ -127,3 +127,15 @@ def test_a_resolved_m1_contrast_says_what_is_resolved():
     text = " ".join(" ".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown").split())
     i = text.index("resolved, small, on three bases")
     assert "What is resolved is validity, not meaning" in text[i:i + 600]
+
+
+@pytest.mark.parametrize("collection", ["settled", "settled-2", "entropy", "shortcut-addition"])
+def test_a_collections_statistics_are_what_the_reports_write_today(collection, tmp_path):
+    "The committed stats.md and contrasts.md of every collection with several bases per task are the one rule's, as write_statistics writes them from results.csv now."
+    from basedirected.cluster import read_records
+    from basedirected.reports import write_statistics
+    ref = ROOT / "reference" / collection
+    write_statistics(tmp_path, read_records(ref))
+    for name in ("stats.md", "contrasts.md"):
+        if (ref / name).is_file() or (tmp_path / name).is_file():
+            assert (tmp_path / name).read_text() == (ref / name).read_text(), f"{collection}/{name} was not written by today's rule"
