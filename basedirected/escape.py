@@ -31,18 +31,18 @@ def _checked_curve(curve) -> list[tuple[int, float]]:
 
 # %% ../nbs/12a_escape.ipynb #0e9f63cc
 def escape_step(curve: list[tuple[int, float]],   # (step, held-out rate) at each evaluation
-                threshold: float = ESCAPE_RATE,  # rho, in nats
+                threshold: float = ESCAPE_RATE,  # eta, in nats
                ) -> int | None:                  # the first evaluated step from which the rate stays >= threshold; None: below it at the last evaluation
-    "The escape time $t_\\text{esc} = \\min\\{t_e : \\kappa_{e'} \\ge \\rho\\ \\forall e' \\ge e\\}$ of one run (None: censored)."
+    "The escape time $t_\\text{esc} = \\min\\{t_e : \\mathrm{KL}_{e'} \\ge \\eta\\ \\forall e' \\ge e\\}$ of one run (None: censored)."
     if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0): raise ValueError(f"the escape threshold must be a positive number of nats, got {threshold!r}")
     start = None
     for step, rate in _checked_curve(curve):
-        start = (step if start is None else start) if rate >= threshold else None  # a fall below rho restarts the count
+        start = (step if start is None else start) if rate >= threshold else None  # a fall below eta restarts the count
     return start
 
 # %% ../nbs/12a_escape.ipynb #24d647d5
 def escape_observation(curve: list[tuple[int, float]],   # (step, held-out rate) at each evaluation, ending at the run's last step
-                       threshold: float = ESCAPE_RATE,  # rho, in nats
+                       threshold: float = ESCAPE_RATE,  # eta, in nats
                       ) -> dict:                         # escape_step, escaped, escape_budget, escape_resolution
     "One run as a survival observation $(\\min(t_\\text{esc}, T), \\delta)$: the escape step, or the budget $T$ (its last evaluation) with `escaped` False; `escape_resolution` is the width of the grid interval the escape lies in (None when censored)."
     points, step = _checked_curve(curve), escape_step(curve, threshold)
@@ -79,7 +79,7 @@ def read_curves(out: Path,  # a sweep's output directory or a collection (refere
     return {k: sorted(v) for k, v in curves.items()}
 
 def escape_records(out: Path,                      # a sweep's output directory or a collection, with results.csv and curves.csv
-                   threshold: float = ESCAPE_RATE, # rho, in nats
+                   threshold: float = ESCAPE_RATE, # eta, in nats
                   ) -> list[dict]:                 # every record, with escape_step, escaped, escape_budget, escape_resolution where its curve is kept
     "A collection's records (`read_records`), each with its escape observation; a record without a curve keeps no escape fields (it is counted, not guessed)."
     curves = read_curves(out)
