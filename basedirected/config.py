@@ -63,6 +63,8 @@ class TrainConfig:
     free_bits: float = 0.0                   # free-bits floor on the KL in the loss (nats)
     free_bits_mode: str = "batch"            # floor the batch-mean KL ('batch') or each latent dimension's ('dimension')
     eval_every: int = 100                    # held-out evaluation period (steps)
+    eval_early_every: int = 0                # a denser evaluation period inside the first eval_every steps (0: none): the escape
+                                             # time's resolution where z leaves its inert start early
     checkpoint_every: int = 100              # checkpoint period (steps)
     recompute_reference: bool = False        # run the frozen reference every step instead of the cache
     max_nonfinite_steps: int = 10            # skipped steps (non-finite loss or gradient) tolerated before the run stops
@@ -79,6 +81,7 @@ class TrainConfig:
         if self.batch_size % self.grad_accum: raise ValueError(f"batch_size {self.batch_size} must be divisible by grad_accum {self.grad_accum}")
         # the floor is a max over the whole batch's mean KL: micro-batches would each floor their own
         if self.grad_accum > 1 and self.free_bits > 0: raise ValueError("free_bits floors the whole batch's KL: it cannot be split into grad_accum micro-batches")
+        if type(self.eval_early_every) is not int or not 0 <= self.eval_early_every < self.eval_every: raise ValueError(f"eval_early_every must be an integer in [0, eval_every {self.eval_every}), got {self.eval_early_every!r}")
         if self.free_bits_mode not in ("batch", "dimension"): raise ValueError(f"free_bits_mode must be 'batch' or 'dimension', got {self.free_bits_mode!r}")
         if self.lr_schedule not in LR_SCHEDULES: raise ValueError(f"lr_schedule must be {' or '.join(map(repr, LR_SCHEDULES))}, got {self.lr_schedule!r}")
         check_unit_interval(self.lr_min_ratio, "lr_min_ratio")
@@ -90,10 +93,22 @@ class TrainConfig:
 # %% ../nbs/09_config.ipynb #9389c2db
 @patch
 def to_dict(self: TrainConfig) -> dict:
-    "The fields, `grad_accum` only where it is not 1: a run directory or sweep cell written before it existed is still the same run."
+    "The fields, `grad_accum` only where it is not 1 and `eval_early_every` only where it is set: a run directory or sweep cell written before either existed is still the same run."
     d = asdict(self)
     if self.grad_accum == 1: del d["grad_accum"]
+    if not self.eval_early_every: del d["eval_early_every"]
     return d
+
+@patch
+def evaluates_after(self: TrainConfig, done: int) -> bool:
+    "Whether the held-out terms are evaluated once `done` steps are taken: every `eval_every` steps, every `eval_early_every` inside the first period, and at the last step."
+    early = self.eval_early_every and done < self.eval_every and done % self.eval_early_every == 0
+    return done % self.eval_every == 0 or done == self.steps or bool(early)
+
+@patch
+def evaluation_steps(self: TrainConfig, start: int = 0) -> list[int]:
+    "The steps after which a run (resumed at `start`) evaluates its held-out terms: the escape curve's grid."
+    return [s for s in range(start + 1, self.steps + 1) if self.evaluates_after(s)]
 
 # %% ../nbs/09_config.ipynb #ac76670a
 @patch
@@ -638,6 +653,7 @@ TRAINING_OPTIONS: tuple[Option, ...] = (  # c_theta, optimisation and the metric
     Option("--weight-decay", "train.weight_decay", "training"),
     Option("--grad-clip", "train.grad_clip", "training", coordinate=Coordinate("clip{:g}", " clip {:g}")),
     Option("--eval-every", "train.eval_every", "training"),
+    Option("--eval-early-every", "train.eval_early_every", "training"),
     Option("--checkpoint-every", "train.checkpoint_every", "training"),
     Option("--max-nonfinite-steps", "train.max_nonfinite_steps", "training"),
     Option("--grad-accum", "train.grad_accum", "training"),

@@ -49,6 +49,10 @@ def check_preset(p):  # the Preset being built (its class is defined below, in t
     "Refuse (`ValueError` naming the preset) a grid that cannot run: no KL weights, evaluations beyond the steps, seeds given twice, a gate policy unknown."
     if not p.taus and not p.betas: raise ValueError(f"preset {p.name}: give taus or betas")
     if p.evals < 1 or p.cvae_steps < p.evals: raise ValueError(f"preset {p.name}: evals must lie in [1, cvae_steps]")
+    period = max(p.cvae_steps // p.evals, 1)
+    if type(p.early_evals) is not int or p.early_evals < 0 or period % (p.early_evals + 1):
+        raise ValueError(f"preset {p.name}: early_evals must be an integer >= 0 that splits the evaluation period of {period} steps into equal parts "
+                         f"(early_evals + 1 divides it), got {p.early_evals!r}")
     if p.base_seeds and p.base_seed is not None: raise ValueError(f"preset {p.name}: give base_seed or base_seeds, not both")
     if len(set(p.base_seeds)) != len(p.base_seeds): raise ValueError(f"preset {p.name}: base_seeds repeats a seed: {p.base_seeds}")
     if p.failed_bases not in ("refuse", "skip"): raise ValueError(f"preset {p.name}: failed_bases must be 'refuse' or 'skip', got {p.failed_bases!r}")
@@ -91,6 +95,7 @@ class Preset:
     base_strategy_draws: int | None = None  # draws of each training input's strategy for the base (None: the task's recipe)
     cvae_steps: int = 300
     evals: int = 3                       # held-out evaluations (and checkpoints) per run: the escape curve's points
+    early_evals: int = 0                 # more held-out evaluations, evenly spaced inside the first period (the escape time's resolution)
     batch_size: int = 32
     knobs: dict = field(default_factory=dict)  # options set beyond the grid, configuration path -> value ({"train.grad_clip": 1e6}):
                                          # each a coordinate (notebook 09), which names the cells' keys, records and tables
@@ -319,6 +324,7 @@ def cell_overrides(preset: Preset,              # the sweep's sizes
     o.update({"n_eval": preset.n_eval, "cvae.K": K, "cvae.posterior": posterior, "c_samples": preset.c_samples, "train.steps": preset.cvae_steps,
               "train.batch_size": preset.batch_size, "train.eval_every": every, "train.checkpoint_every": every, "metrics.n_routed": preset.n_routed,
               "metrics.n_forced": preset.n_forced, "threads": preset.threads})
+    if preset.early_evals: o["train.eval_early_every"] = every // (preset.early_evals + 1)  # only where asked: older cells' commands unchanged
     return {**o, **{p: preset.knobs[p] for p in coordinates() if p in preset.knobs}}  # the rows' order: a cell's command is written as it was
 
 # %% ../nbs/11_experiments.ipynb #ae11107a

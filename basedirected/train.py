@@ -305,7 +305,7 @@ def _evaluate_at(r: Run, step: int) -> dict: return evaluate(r, r.kl_weight(step
 def _restore_lost_evaluations(runs: list[Run], start: int, logs: _RunLogs):
     "A checkpoint whose evaluation record was lost (a torn last line) holds that step's model: the same record is written again."
     tc = runs[0].config.train
-    if not start or not (start % tc.eval_every == 0 or start == tc.steps): return
+    if not start or not tc.evaluates_after(start): return
     for n, r in enumerate(runs):
         if logs.files and not any(e.get("split") == "eval" and e["step"] == start for e in read_log(r.dir.log)):
             logs.write(n, {"step": start, "split": "eval", **_evaluate_at(r, start - 1)})
@@ -328,7 +328,7 @@ def _evaluate_and_checkpoint(runs: list[Run], s: Stepper, logs: _RunLogs, step: 
                             ) -> bool:            # whether the runs were evaluated at this step
     "At an evaluation or checkpoint step, every live run's held-out terms logged, then its log made durable and its checkpoint written."
     tc = runs[0].config.train
-    evaluate_now = (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps
+    evaluate_now = tc.evaluates_after(step + 1)
     checkpoint_now = (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps
     if evaluate_now or checkpoint_now: s.sync()
     for n, r in enumerate(runs):
@@ -437,7 +437,7 @@ def run_plan(run_dir: Path,        # the run directory (it may hold part of the 
     if not (rd.gate.is_file() or shipped):
         plan.append({"phase": "gate", "what": f"{256 * GATE_SAMPLES_PER_INPUT:,} responses sampled on held-out inputs", "seconds": 256 * GATE_SAMPLES_PER_INPUT * budget * forward})
     start = load_checkpoint(rd.checkpoint)["step"] if rd.checkpoint.is_file() else 0
-    evals = len([s for s in range(start + 1, tc.steps + 1) if s % tc.eval_every == 0 or s == tc.steps])
+    evals = len(tc.evaluation_steps(start))
     plan.append({"phase": "cvae", "what": f"{tc.steps - start:,} of {tc.steps:,} steps, {evals} held-out evaluations" + (f" (resuming from step {start:,})" if start else ""),
                  "seconds": (tc.steps - start) * step + (config.n_train + config.n_eval * (1 + evals * K)) * forward})
     if metrics and not rd.metrics.is_file():
