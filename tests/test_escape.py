@@ -139,3 +139,17 @@ def test_a_collections_statistics_are_what_the_reports_write_today(collection, t
     for name in ("stats.md", "contrasts.md"):
         if (ref / name).is_file() or (tmp_path / name).is_file():
             assert (tmp_path / name).read_text() == (ref / name).read_text(), f"{collection}/{name} was not written by today's rule"
+
+
+@given(st.integers(2, 6), st.integers(1, 4), st.data())
+def test_an_early_grid_resolves_the_escape_to_its_own_period(early_parts, periods, data):
+    "With `eval_early_every`, an escape inside the first period is known to one early step, read from the run's own grid."
+    from basedirected.config import TrainConfig
+    every = 10 * early_parts
+    tc = TrainConfig(steps=every * periods, eval_every=every, eval_early_every=every // early_parts, warmup_steps=1)
+    grid = tc.evaluation_steps()
+    assert grid[:early_parts] == [every // early_parts * (i + 1) for i in range(early_parts)] and grid[-1] == tc.steps
+    escape = data.draw(st.sampled_from(grid))
+    o = escape_observation([(s, 1.0 if s >= escape else 0.0) for s in grid])
+    assert o["escape_step"] == escape and o["escape_resolution"] == escape - max([0] + [s for s in grid if s < escape])
+    if escape <= every: assert o["escape_resolution"] == every // early_parts
