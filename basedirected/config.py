@@ -278,7 +278,7 @@ class HFRunConfig:
         if self.cvae.latent != "discrete": raise ValueError("latent must be 'discrete' on a Hugging Face backbone")
         for name in ("c_samples", "n_eval"):
             if getattr(self, name) < 2: raise ValueError(f"{name} must be >= 2, got {getattr(self, name)}")
-        if self.task is not None: task_class(self.task)  # a registered name or module:Class, else a ValueError that says which
+        if self.task is not None: task_class(self.task, imports=False)  # registered, or module:Class already imported: a record never imports code
         if self.regime is not None and self.task is None: raise ValueError("regime needs a task")
         if self.train.tau is not None: raise ValueError("tau needs a synthetic task's break-even beta*; give beta on a Hugging Face backbone")
 
@@ -448,6 +448,7 @@ def resolve_hf_config(backbone: str,                         # a Hugging Face ca
     if data is None: raise ValueError("backbone needs data, the training JSONL")
     if task is not None and not isinstance(task, str):
         raise ValueError(f"task must name a registered task on a backbone (its checker reads the generations), got a {type(task).__name__}")
+    if task is not None: task_class(task)  # named by the caller: its module is imported here, never from a record
     overrides = dict(overrides or {})
     if clash := sorted({"backbone", "data", "eval_data"} & set(overrides)): raise ValueError(f"give {', '.join(clash)} as arguments, not as overrides")
     paths = {k: str(Path(v).resolve()) for k, v in (("backbone", backbone), ("data", data), ("eval_data", eval_data)) if v is not None}

@@ -392,6 +392,13 @@ class SweepDir:
     curves = property(lambda self: self.path / "curves.csv")     # every finished cell's held-out curve over training
     gates = property(lambda self: self.path / "base_gates.json") # the quality gate of every base its cells adapted from
     def gate_records(self) -> dict: return read_json(self.gates) if self.gates.is_file() else {}  # by base directory name
+    def inside(self, path: Path) -> Path:
+        "`path`, refused (`ValueError`) where it, or a link on the way to it, leads outside the collection: a sweep writes and deletes only in OUT."
+        path, root = Path(path), self.path.resolve()
+        if not path.resolve().is_relative_to(root):
+            raise ValueError(f"{path} leads to {path.resolve()}, outside the collection {self.path}: a sweep writes and deletes only inside it "
+                             "(remove the link, or copy the run into the collection); nothing was changed")
+        return path
 
 def base_dir(out: Path,   # the sweep's directory
              regime: str,  # the task (or visiting-order regime)
@@ -481,7 +488,7 @@ def clear_cells(out: Path,              # the sweep's directory
     "`--force`: delete the files this package wrote for `specs` (their run directories and shared bases), and nothing else."
     for s in specs:
         for d in (SweepDir(out).run(s.key).path, base_dir(out, *s.shared_base)):
-            for f in RunDir(d).files(): f.unlink(missing_ok=True)
+            for f in RunDir(SweepDir(out).inside(d)).files(): f.unlink(missing_ok=True)
 
 # %% ../nbs/11_experiments.ipynb #52ffe3ab
 def _stale(rd: RunDir, spec: RunSpec) -> bool:
@@ -532,7 +539,7 @@ def record_preset(out: Path,       # the sweep's directory
 # %% ../nbs/11_experiments.ipynb #849c8993
 def _open_cell(out: Path, spec: RunSpec, force: bool) -> RunDir | dict:
     "The cell's run directory, ready to train (its base copied in, its command written), or its metrics if it already finished."
-    rd = SweepDir(out).run(spec.key)
+    rd = RunDir(SweepDir(out).inside(SweepDir(out).run(spec.key).path))
     stale = _stale(rd, spec)
     if stale: print(f"{spec.key}: its configuration changed; rerunning it")
     if force or stale:

@@ -46,7 +46,7 @@ __all__ = ['LAYOUT_SPECIALS', 'HARMLESS_LIBRARY_WARNINGS', 'WEIGHT_FILES', 'LOAD
            'PairSurprisalCache', 'train_rows_only', 'embedding_matrices', 'build_hf_cvae', 'hf_reference',
            'build_optimizers', 'hf_reference_scale', 'hf_metrics', 'task_input', 'task_response',
            'hf_generation_metrics', 'check_hf_inputs', 'check_backbone', 'check_task_data', 'prepare_hf_run',
-           'load_hf_run', 'hf_run', 'hf_run_metrics', 'model_card', 'export_run']
+           'load_hf_run', 'hf_run', 'hf_run_metrics', 'model_card', 'export_run', 'stale_partials']
 
 # %% ../nbs/10a_hf.ipynb #23fc6380
 LAYOUT_SPECIALS = ("<x>", "</x>", "<y>", "</y>", "<z>", "</z>", "<znull>")
@@ -689,8 +689,8 @@ def export_run(run_dir,                     # a run directory on a Hugging Face 
     finally:
         if bars: transformers.utils.logging.enable_progress_bar()
     gen, post = run.model.generator.model, run.model.posterior
-    for stale in out.parent.glob(f".{out.name}.partial*"): shutil.rmtree(stale, ignore_errors=True)  # what a killed export of OUT left beside it
-    tmp = out.with_name(f".{out.name}.partial{os.getpid()}")
+    for stale in stale_partials(out): shutil.rmtree(stale, ignore_errors=True)  # what a killed export of OUT left beside it
+    tmp = out.with_name(f"{_partial_prefix(out)}{os.getpid()}")
     try:
         if whole_model: (gen.merge_and_unload() if isinstance(gen, peft.PeftModel) else gen).save_pretrained(tmp)
         else: gen.save_pretrained(tmp, save_embedding_layers=True)  # the code rows trained; the added tokens' rows exist only here
@@ -704,3 +704,13 @@ def export_run(run_dir,                     # a run directory on a Hugging Face 
         os.replace(tmp, out)
     finally: shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+# %% ../nbs/10a_hf.ipynb #7bede595
+def _partial_prefix(out: Path) -> str: return f".{out.name}.partial"
+
+def stale_partials(out: Path,  # an export's destination
+                  ) -> list[Path]:  # the folders a killed export of `out` left beside it
+    "The partial exports of `out` alone: `.OUT.partial<pid>` folders, the name matched literally (a `*` or `[ab]` in OUT is a character), never a link or a file."
+    prefix = _partial_prefix(out)
+    if not out.parent.is_dir(): return []
+    return [p for p in out.parent.iterdir() if p.name.startswith(prefix) and (pid := p.name[len(prefix):]).isascii() and pid.isdigit() and p.is_dir() and not p.is_symlink()]

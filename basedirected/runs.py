@@ -578,7 +578,7 @@ def load_run(run_dir: Path,          # a run directory the package wrote, on any
         module, _, name = record["loader"].partition(":")
         return getattr(importlib.import_module(module), name)(rd.path, device)
     if ":" in (spec := record.get("task_class") or "") and record["config"].get("task", {}).get("name") not in Task.registry:
-        task_class(spec)  # a task of the user's own registers when its module is imported
+        task_class(spec, imports=False)  # a task of the user's own: registered when the user imported its module, else refused by name
     try: config = RunConfig.from_dict(record["config"])
     except (KeyError, TypeError, ValueError) as e: raise ValueError(f"{rd.config} holds no configuration this package can rebuild ({type(e).__name__}: {e})") from None
     device = resolve_device(device)

@@ -230,8 +230,9 @@ def task_from_dict(d: dict) -> Task:
     return _canonical(Task.registry[name])(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 def task_class(spec: str,  # a registered name (`Task.registry`), or `module:Class` for a `Task` subclass of your own
+               imports: bool = True,  # import the module if it is not yet (False: a record names it, and a record never imports code)
               ) -> type:
-    "The task class `spec` names; `module:Class` imports the module (from the working directory too, as `python -m` would)."
+    "The task class `spec` names; `module:Class` imports the module where Python finds it (installed or on `PYTHONPATH`, never the working directory by default), only when `imports`."
     if not isinstance(spec, str): raise TypeError(f"a task is named by a string (a registered name or module:Class), got {spec!r}")
     if ":" not in spec:
         if spec not in Task.registry:
@@ -239,9 +240,12 @@ def task_class(spec: str,  # a registered name (`Task.registry`), or `module:Cla
         return _canonical(Task.registry[spec])
     module, _, qualname = spec.partition(":")
     if not module.strip() or not qualname.strip(): raise ValueError(f"task {spec!r}: module:Class needs both a module and a class name, e.g. mytasks:Reverse")
-    if os.getcwd() not in sys.path: sys.path.insert(0, os.getcwd())
+    if not imports and module not in sys.modules:
+        raise ValueError(f"task {spec}: its module {module!r} is not imported, and a record never imports code: import it first "
+                         f"(import {module}), or name it yourself (--task {spec})")
     try: obj = importlib.import_module(module)
-    except ImportError as e: raise ValueError(f"task {spec}: cannot import {module!r} ({e})") from None
+    except ImportError as e: raise ValueError(f"task {spec}: cannot import {module!r} ({e}; the working directory is not searched: "
+                                              "install the module or put its folder on PYTHONPATH)") from None
     except Exception as e: raise ValueError(f"task {spec}: importing {module!r} failed ({type(e).__name__}: {e})") from None  # the user's module raised
     for part in qualname.split("."): obj = getattr(obj, part, None)
     if not (isinstance(obj, type) and issubclass(obj, Task)): raise ValueError(f"task {spec}: {module} has no Task subclass {qualname!r}")

@@ -218,7 +218,7 @@ class Reverse(Task):
 
 @pytest.mark.parametrize("task", ["visiting_order", "sorting", "grid_pathfinding", "addition", "fresh_tasks:Reverse"])
 def test_a_run_of_every_task_loads_in_a_fresh_process(tmp_path, monkeypatch, capsys, task):
-    "`load_run` in a process that imported only basedirected.runs: built-in tasks are registered with it, a user's module:Class is recorded and re-imported."
+    "`load_run` in a process that imported only basedirected.runs (and the user's own task module): built-in tasks are registered with it, a user's module:Class is recorded and found."
     from basedirected.tasks import Task
     monkeypatch.setattr(Task, "registry", dict(Task.registry))  # the user's task registers here, not for the tests after this one
     monkeypatch.delitem(sys.modules, "fresh_tasks", raising=False)
@@ -228,7 +228,8 @@ def test_a_run_of_every_task_loads_in_a_fresh_process(tmp_path, monkeypatch, cap
             "--d-ff", "32", "--steps", "2", "--batch-size", "4", "--eval-every", "2", "--checkpoint-every", "2", "--quiet", "--allow-failed-base",
             "--no-metrics", "--max-len", "128"]
     assert train("--run-dir", str(tmp_path / "run"), "--task", task, *tiny, capsys=capsys)[0] == 0
-    code = ("import sys; from basedirected.runs import load_run; r = load_run(sys.argv[1]); "
+    user = "import fresh_tasks; " if ":" in task else ""  # a record never imports code: the user imports their own task
+    code = (f"import sys; {user}from basedirected.runs import load_run; r = load_run(sys.argv[1]); "
             "assert 'basedirected.cli' not in sys.modules; print(type(r.task).__name__, r.task.name)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True, cwd=tmp_path, env=env)
