@@ -88,10 +88,8 @@ def train_main(argv: list[str] | None = None,  # the options (None: the command 
         warnings.showwarning = lambda message, *_: print(f"{parser.prog}: warning: {message}", file=sys.stderr, flush=True)
         try:
             final = train()  # every process returns once rank 0 has written its metrics (`run`, `hf_run`)
-        except (NonFiniteError, BaseGateError, RunInputError) as e: parser.exit(2, f"{parser.prog}: error: {e}\n")
-        except ValueError as e:
-            if a.backbone is None: raise
-            parser.exit(2, f"{parser.prog}: error: {e}\n")  # a Hugging Face run checks its data as it reads it
+        # the package's own checks as it reads its files (a damaged or foreign base, a Hugging Face run's data) name what is wrong
+        except (NonFiniteError, BaseGateError, RunInputError, ValueError) as e: parser.exit(2, f"{parser.prog}: error: {e}\n")
         except OSError as e: parser.exit(2, f"{parser.prog}: error: {e.filename or rd.path}: {e.strerror or e}; nothing already written was lost\n")
         except KeyboardInterrupt:  # the files on disk are whole (atomic writes); the log is cut back to the checkpoint on resume
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while this one is answered changes nothing
