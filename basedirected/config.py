@@ -17,8 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .base import BaseTrainConfig
-from .conventions import check_at_most, check_nonnegative, check_positive, check_unit_interval, patch
-from .cvae import COUPLING_READERS, CVAEConfig
+from .conventions import MAX_TERM_WEIGHT, check_at_most, check_nonnegative, check_positive, check_unit_interval, patch
+from .cvae import CODE_INIT_NOISE_WHY, COUPLING_READERS, MAX_CODE_INIT_NOISE, CVAEConfig
+from .weights import GAMMA_CEILING_WHY, MAX_GAMMA
 from .model import ModelConfig
 from .objective import BETA_SCHEDULES, OBJECTIVE_NAMES, ORIGINAL_FLAG_ALIASES, BetaSchedule, ReconstructionLossConfig, objectives
 from .pretrained import catalogue, check_pretrained
@@ -29,21 +30,26 @@ from .visiting_order import REGIMES, VisitingOrder
 import basedirected.addition, basedirected.grid_pathfinding, basedirected.sorting  # noqa: F401
 
 # %% auto #0
-__all__ = ['LR_SCHEDULES', 'MAX_LR', 'MAX_KL_WEIGHT', 'ADAPT_MODES', 'OPTIMIZERS', 'DEFAULT_TASK', 'BASE_CHOICES', 'DEFAULT_RUN',
-           'BACKBONES', 'RUN_OPTIONS', 'TASK_OPTIONS', 'HF_OPTIONS', 'OBJECTIVE_OPTIONS', 'TRAINING_OPTIONS', 'OPTIONS',
+__all__ = ['LR_SCHEDULES', 'MAX_LR', 'MAX_KL_WEIGHT', 'LR_WHY', 'KL_WEIGHT_WHY', 'ADAPT_MODES', 'OPTIMIZERS', 'DEFAULT_TASK',
+           'BASE_CHOICES', 'DEFAULT_RUN', 'COUNT', 'SAMPLES', 'WIDTH', 'DEPTH', 'DRAWS', 'THREADS', 'SCALE', 'SEED',
+           'LEARNING_RATE', 'KL_WEIGHT', 'TERM_WEIGHT', 'GAMMA', 'CODE_NOISE', 'CODES', 'NATS', 'BACKBONES',
+           'RUN_OPTIONS', 'TASK_OPTIONS', 'HF_OPTIONS', 'OBJECTIVE_OPTIONS', 'TRAINING_OPTIONS', 'OPTIONS',
            'TrainConfig', 'objective_mismatch', 'check_objective_name', 'MetricsConfig', 'check_run_config',
            'RunConfig', 'AdaptConfig', 'HFRunConfig', 'rename_fields', 'apply_overrides', 'recipe_overrides',
            'objective_training', 'pretrained_overrides', 'default_changes', 'resolve_config', 'resolve_hf_config',
-           'field_comments', 'add_dataclass_options', 'dataclass_from_args', 'Coordinate', 'Option', 'option_help',
-           'OneLineParser', 'build_parser', 'coordinates', 'coordinate_name', 'coordinate_key', 'coordinate_record',
-           'coordinate_label', 'task_coordinates', 'base_choice', 'config_from_args', 'hf_config_from_args',
-           'command_argv']
+           'field_comments', 'add_dataclass_options', 'dataclass_from_args', 'Ceiling', 'Coordinate', 'Option',
+           'option_ceiling', 'check_option_value', 'option_help', 'OneLineParser', 'build_parser', 'coordinates',
+           'coordinate_name', 'coordinate_key', 'coordinate_record', 'coordinate_label', 'task_coordinates',
+           'base_choice', 'config_from_args', 'hf_config_from_args', 'command_argv']
 
 # %% ../nbs/09_config.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
 MAX_LR = 10.0  # the CVAE's learning rate at most
 MAX_KL_WEIGHT = 1e6  # beyond it beta KL swamps the reconstruction (a nat or so) below float32's 7 digits, and overflows towards float32's 3.4e38
+LR_WHY = "an AdamW step moves every weight by about lr: far beyond 1 the first steps leave the base, and the loss overflows"
+KL_WEIGHT_WHY = "a KL weight that large leaves no reconstruction in float32 and can overflow the loss"
 
+# %% ../nbs/09_config.ipynb #2c501a0d
 @dataclass(frozen=True)
 class TrainConfig:
     "Optimisation of the CVAE."
@@ -76,7 +82,9 @@ class TrainConfig:
             v = getattr(self, name)
             if type(v) is not int or v < 1: raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if type(self.max_nonfinite_steps) is not int or self.max_nonfinite_steps < 0: raise ValueError(f"max_nonfinite_steps must be an integer >= 0, got {self.max_nonfinite_steps!r}")
-        check_at_most(check_positive(self.lr, "lr"), MAX_LR, "lr", "an AdamW step moves every weight by about lr: far beyond 1 the first steps leave the base, and the loss overflows"); check_nonnegative(self.weight_decay, "weight_decay"); check_positive(self.grad_clip, "grad_clip")
+        check_at_most(check_positive(self.lr, "lr"), MAX_LR, "lr", LR_WHY); check_nonnegative(self.weight_decay, "weight_decay")
+        if self.lr * self.weight_decay >= 1: raise ValueError(f"lr * weight_decay must be < 1 (AdamW scales every weight by 1 - lr * weight_decay each step), got {self.lr:g} * {self.weight_decay:g}")
+        check_positive(self.grad_clip, "grad_clip")
         check_nonnegative(self.free_bits, "free_bits")
         if self.batch_size % self.grad_accum: raise ValueError(f"batch_size {self.batch_size} must be divisible by grad_accum {self.grad_accum}")
         # the floor is a max over the whole batch's mean KL: micro-batches would each floor their own
@@ -87,8 +95,7 @@ class TrainConfig:
         check_unit_interval(self.lr_min_ratio, "lr_min_ratio")
         if self.tau is not None: check_nonnegative(self.tau, "tau")
         for name, v in (("beta", self.beta.beta), ("tau", self.tau)):
-            if v is not None and v > MAX_KL_WEIGHT: raise ValueError(f"{name} must be <= {MAX_KL_WEIGHT:g} (a KL weight that large leaves no reconstruction "
-                                                                     f"in float32 and can overflow the loss), got {v:g}")
+            if v is not None and v > MAX_KL_WEIGHT: raise ValueError(f"{name} must be <= {MAX_KL_WEIGHT:g} ({KL_WEIGHT_WHY}), got {v:g}")
 
 # %% ../nbs/09_config.ipynb #9389c2db
 @patch
@@ -291,6 +298,11 @@ class HFRunConfig:
                       "loss": ReconstructionLossConfig(**d["loss"]), "train": TrainConfig(**train),
                       "metrics": MetricsConfig(**d.get("metrics", {}))})
 
+# %% ../nbs/09_config.ipynb #c80f3319
+def _row_at(path: str):
+    "The option row that sets `path` (None: none; also while this notebook runs above the rows, which are defined further down)."
+    return next((o for o in globals().get("OPTIONS", ()) if o.path == path), None)
+
 # %% ../nbs/09_config.ipynb #3ffa365c
 def rename_fields(message: str,           # a validation message that names configuration fields
                   names: dict[str, str],  # field name -> what the caller calls it (e.g. its flag)
@@ -332,6 +344,7 @@ def apply_overrides(obj,                          # a frozen dataclass (a config
         if dataclasses.is_dataclass(getattr(obj, k)) and not dataclasses.is_dataclass(v):
             raise ValueError(f"{prefix}{k} is a group of fields ({type(getattr(obj, k)).__name__}): set one of them, e.g. {prefix}{k}.{dataclasses.fields(getattr(obj, k))[0].name}")
         _check_type(fields[k].type, v, names.get(prefix + k, prefix + k))
+        if (row := _row_at(prefix + k)) is not None: check_option_value(row, v, names.get(prefix + k, prefix + k))  # the API meets the option's ceiling
     kw = {name: apply_overrides(getattr(obj, name), sub, names, f"{prefix}{name}.") for name, sub in nested.items()}
     kw.update(direct)
     try: return dataclasses.replace(obj, **kw)
@@ -509,6 +522,29 @@ def dataclass_from_args(cls,    # the dataclass `add_dataclass_options` read
     "An instance of `cls` from the options `add_dataclass_options` added (its checks raise `ValueError` naming the option)."
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
+# %% ../nbs/09_config.ipynb #82aac24a
+@dataclass(frozen=True)
+class Ceiling:
+    "The largest value a numeric option takes, and what goes wrong beyond it."
+    value: float
+    why: str
+
+COUNT = Ceiling(10**9, "a billion steps or periods would run for years")
+SAMPLES = Ceiling(10**6, "beyond a million examples or samples the lists this package holds outgrow memory")
+WIDTH = Ceiling(2**14, "wider than any model this package trains: one 16,384-square float32 matrix is already a GiB")
+DEPTH = Ceiling(1024, "deeper than any model this package trains")
+DRAWS = Ceiling(1024, "each draw adds every training input again")
+THREADS = Ceiling(4096, "more threads than a machine has")
+SCALE = Ceiling(1e6, "a value that large overflows the loss in float32")
+SEED = Ceiling(2**31 - 1, "seeds are integers in [0, 2**31)")
+LEARNING_RATE = Ceiling(MAX_LR, LR_WHY)
+KL_WEIGHT = Ceiling(MAX_KL_WEIGHT, KL_WEIGHT_WHY)
+TERM_WEIGHT = Ceiling(MAX_TERM_WEIGHT, "a weight that large leaves no other term in float32 and can overflow the loss")
+GAMMA = Ceiling(MAX_GAMMA, GAMMA_CEILING_WHY)
+CODE_NOISE = Ceiling(MAX_CODE_INIT_NOISE, CODE_INIT_NOISE_WHY)
+CODES = Ceiling(64, "each code is a forward pass of the generator per example")
+NATS = Ceiling(1e4, "ten thousand nats is beyond what any latent here can carry")
+
 # %% ../nbs/09_config.ipynb #e19aae0a
 BACKBONES = ("tiny", "hf")  # the task's small transformer; a Hugging Face causal LM on disk (--backbone)
 
@@ -534,6 +570,7 @@ class Option:
     note: str = ""                         # appended to the help: what decides a default the field does not show
     negates: bool = False                  # a switch that sets its boolean field to False (the field's default is True)
     coordinate: Coordinate | None = None   # set: a sweep may vary it (a preset's knob); how cells' keys, records and tables name it
+    maximum: Ceiling | None = None         # a numeric option's largest value (None: its kind's, COUNT for an integer, SCALE for a float)
 
     @property
     def dest(self) -> str: return self.flag.lstrip("-").replace("-", "_")
@@ -547,9 +584,9 @@ _TINY, _HF, _RECIPE = ("tiny",), ("hf",), "default: the task's base_recipe, else
 
 RUN_OPTIONS: tuple[Option, ...] = (
     Option("--run-dir", None, "run", "directory for config, base model, c_theta, log, checkpoint, eval and metrics", default="runs/train"),
-    Option("--seed", "seed", "run"),
-    Option("--base-seed", "base_seed", "run", default=None, type=int, backbones=_TINY),
-    Option("--threads", "threads", "run", backbones=_TINY),
+    Option("--seed", "seed", "run", maximum=SEED),
+    Option("--base-seed", "base_seed", "run", default=None, type=int, backbones=_TINY, maximum=SEED),
+    Option("--threads", "threads", "run", backbones=_TINY, maximum=THREADS),
     Option("--keep-subnormals", "flush_subnormals", "run", "keep subnormal floats instead of flushing them to zero (slower on a CPU, "
            "as every run was before flushing existed; results differ at round-off)", default=False, backbones=_TINY, negates=True),
     Option("--device", None, "run", "'auto', 'cpu' or 'cuda[:i]' (under torchrun each process takes its LOCAL_RANK GPU)", default="auto"),
@@ -578,18 +615,18 @@ TASK_OPTIONS: tuple[Option, ...] = (  # the synthetic task and the base model th
     Option("--surface-forms", "task.surface_forms", "task", "response entropy: each of the task's own response tokens written as one of this many "
            "interchangeable forms, drawn independently of the strategy (sorting, addition; notebook 05)", default=None, type=int, backbones=_TINY,
            note="(default 1: one form)", coordinate=Coordinate("forms{}", " forms {}", record_default=False, default=1)),
-    Option("--n-train", "n_train", "task", default=None, type=int, backbones=_TINY, note=f"({_RECIPE}20000)"),
-    Option("--n-eval", "n_eval", "task"),
+    Option("--n-train", "n_train", "task", default=None, type=int, backbones=_TINY, note=f"({_RECIPE}20000)", maximum=SAMPLES),
+    Option("--n-eval", "n_eval", "task", maximum=SAMPLES),
     Option("--base-steps", "base.steps", "base model p_theta", default=None, type=int, backbones=_TINY,
            note="(" + _RECIPE.replace(", else ", ": ") + ", ".join(f"{k} {c.base_recipe['steps']}" for k, c in Task.registry.items() if "steps" in c.base_recipe) + ")"),
-    Option("--base-strategy-draws", "base.strategy_draws", "base model p_theta", default=None, type=int, backbones=_TINY, note=f"({_RECIPE}1)"),
+    Option("--base-strategy-draws", "base.strategy_draws", "base model p_theta", default=None, type=int, backbones=_TINY, note=f"({_RECIPE}1)", maximum=DRAWS),
     Option("--base-override-fraction", "base.override_fraction", "base model p_theta", default=None, type=float, backbones=_TINY,
            note=f"({_RECIPE}0; grid_pathfinding 0.5 with 8 walls)"),
-    Option("--d-model", "base.model.d_model", "base model p_theta", default=None, type=int, backbones=_TINY, note=f"({_RECIPE}64)"),
-    Option("--n-layers", "base.model.n_layers", "base model p_theta", default=None, type=int, backbones=_TINY, note=f"({_RECIPE}2)"),
-    Option("--n-heads", "base.model.n_heads", "base model p_theta", backbones=_TINY),
-    Option("--d-ff", "base.model.d_ff", "base model p_theta", default=None, type=int, backbones=_TINY, note="(default: 4 d_model)"),
-    Option("--max-len", "base.model.max_len", "base model p_theta", backbones=_TINY),
+    Option("--d-model", "base.model.d_model", "base model p_theta", default=None, type=int, backbones=_TINY, note=f"({_RECIPE}64)", maximum=WIDTH),
+    Option("--n-layers", "base.model.n_layers", "base model p_theta", default=None, type=int, backbones=_TINY, note=f"({_RECIPE}2)", maximum=DEPTH),
+    Option("--n-heads", "base.model.n_heads", "base model p_theta", backbones=_TINY, maximum=DEPTH),
+    Option("--d-ff", "base.model.d_ff", "base model p_theta", default=None, type=int, backbones=_TINY, note="(default: 4 d_model)", maximum=WIDTH),
+    Option("--max-len", "base.model.max_len", "base model p_theta", backbones=_TINY, maximum=WIDTH),
     Option("--base", None, "base model p_theta", "the base to adapt from: a shipped base by name (" + ", ".join(catalogue()) + "; its task, data "
            "seed and recipe come with it), 'auto' (the shipped base trained for the run's recipe if there is one, else one pre-trained here), "
            "or 'train' (pre-trained here from the recipe)", default="auto", backbones=_TINY),
@@ -604,7 +641,7 @@ HF_OPTIONS: tuple[Option, ...] = (  # a Hugging Face causal LM on disk instead
     Option("--data", "data", "Hugging Face backbone", default=None, type=str, backbones=_HF),
     Option("--eval-data", "eval_data", "Hugging Face backbone", default=None, type=str, backbones=_HF),
     Option("--adapt", "adapt.mode", "Hugging Face backbone", choices=ADAPT_MODES, backbones=_HF),
-    Option("--lora-rank", "adapt.lora_rank", "Hugging Face backbone", backbones=_HF),
+    Option("--lora-rank", "adapt.lora_rank", "Hugging Face backbone", backbones=_HF, maximum=WIDTH),
     Option("--lora-alpha", "adapt.lora_alpha", "Hugging Face backbone", backbones=_HF),
     Option("--lora-targets", "adapt.lora_targets", "Hugging Face backbone", backbones=_HF),
     Option("--optimizer", "optimizer", "Hugging Face backbone", choices=OPTIMIZERS, backbones=_HF),
@@ -613,11 +650,11 @@ HF_OPTIONS: tuple[Option, ...] = (  # a Hugging Face causal LM on disk instead
 # %% ../nbs/09_config.ipynb #4f210dd4
 OBJECTIVE_OPTIONS: tuple[Option, ...] = (  # the latent, the objective and its KL treatment
     Option("--latent", "cvae.latent", "latent", choices=("discrete", "continuous")),
-    Option("--K", "cvae.K", "latent", default=None, type=int, note=f"(default: the task's number of strategies; with --backbone: {CVAEConfig().K})"),
-    Option("--latent-dim", "cvae.latent_dim", "latent", backbones=_TINY),
-    Option("--code-init-noise", "cvae.code_init_noise", "latent", coordinate=Coordinate("noise{:g}", " noise {:g}")),
+    Option("--K", "cvae.K", "latent", default=None, type=int, note=f"(default: the task's number of strategies; with --backbone: {CVAEConfig().K})", maximum=CODES),
+    Option("--latent-dim", "cvae.latent_dim", "latent", backbones=_TINY, maximum=WIDTH),
+    Option("--code-init-noise", "cvae.code_init_noise", "latent", coordinate=Coordinate("noise{:g}", " noise {:g}"), maximum=CODE_NOISE),
     Option("--router", "cvae.router", "latent", choices=("input", "marginal"), backbones=_TINY, coordinate=Coordinate("{}", " {}")),
-    Option("--coupling", "cvae.coupling", "latent", backbones=_TINY, coordinate=Coordinate("coupling{:g}", " coupling {:g}")),
+    Option("--coupling", "cvae.coupling", "latent", backbones=_TINY, coordinate=Coordinate("coupling{:g}", " coupling {:g}"), maximum=TERM_WEIGHT),
     Option("--coupling-reader", "cvae.coupling_reader", "latent", choices=COUPLING_READERS, backbones=_TINY,
            coordinate=Coordinate("{}", " {} reader", record_default=False)),
     Option("--posterior", "cvae.posterior", "latent", choices=("amortized", "exact", "exact+distill"), default=None, type=str,
@@ -626,28 +663,28 @@ OBJECTIVE_OPTIONS: tuple[Option, ...] = (  # the latent, the objective and its K
     Option("--objective", None, "objective", "the compared objective: reconstruction stack and KL treatment; theta is "
            "R_theta = alpha R_dist + (1 - alpha) R^_tok", OBJECTIVE_NAMES, "theta"),
     Option("--alpha", "loss.alpha", "objective", default=None, type=float, note="(default: the objective's, 0.5 for theta)"),
-    Option("--gamma", "loss.gamma", "objective", default=None, type=float, note="(default 1)"),
-    Option("--beta", "train.beta.beta", "objective", default=None, type=float, note=f"(default: --tau {DEFAULT_RUN['train.tau']}; with --backbone: {TrainConfig().beta.beta})"),
+    Option("--gamma", "loss.gamma", "objective", default=None, type=float, note="(default 1)", maximum=GAMMA),
+    Option("--beta", "train.beta.beta", "objective", default=None, type=float, note=f"(default: --tau {DEFAULT_RUN['train.tau']}; with --backbone: {TrainConfig().beta.beta})", maximum=KL_WEIGHT),
     Option("--tau", "train.tau", "objective", default=None, type=float, backbones=_TINY,
-           note=f"(replaces --beta): tau < 1 is where using z is optimal (default {DEFAULT_RUN['train.tau']} unless --beta is given)"),
+           note=f"(replaces --beta): tau < 1 is where using z is optimal (default {DEFAULT_RUN['train.tau']} unless --beta is given)", maximum=KL_WEIGHT),
     Option("--beta-schedule", "train.beta.kind", "objective", choices=BETA_SCHEDULES, default=None, note="(default: the objective's)"),
     Option("--beta-warmup-steps", "train.beta.warmup_steps", "objective", default=None, type=int, note="(default: steps // 3)"),
     Option("--beta-zero-steps", "train.beta.zero_steps", "objective", default=None, type=int, note="(default: steps // 6)"),
     Option("--beta-period", "train.beta.period", "objective", default=None, type=int, note="(default: steps // 3)"),
-    Option("--free-bits", "train.free_bits", "objective", default=None, type=float, note="(default: the objective's)"),
+    Option("--free-bits", "train.free_bits", "objective", default=None, type=float, note="(default: the objective's)", maximum=NATS),
     Option("--free-bits-mode", "train.free_bits_mode", "objective", choices=("batch", "dimension")),
     *(Option(f"--lambda-{t.replace('_', '-')}", f"loss.lambda_{t}", "objective", default=None, type=float,
-             note="(its weight lambda; default: the objective's)") for t in TERM_NAMES if t != "theta"),
+             note="(its weight lambda; default: the objective's)", maximum=TERM_WEIGHT) for t in TERM_NAMES if t != "theta"),
 )
 
 # %% ../nbs/09_config.ipynb #5a51bd10
 TRAINING_OPTIONS: tuple[Option, ...] = (  # c_theta, optimisation and the metrics' sample sizes
     Option("--c-source", "c_source", "reference", choices=("model", "data")),
-    Option("--c-samples", "c_samples", "reference"),
+    Option("--c-samples", "c_samples", "reference", maximum=SAMPLES),
     Option("--recompute-reference", "train.recompute_reference", "reference"),
     Option("--steps", "train.steps", "training", default=None, type=int, note=f"(default {DEFAULT_RUN['train.steps']}; with --backbone: {TrainConfig().steps})"),
-    Option("--batch-size", "train.batch_size", "training"),
-    Option("--lr", "train.lr", "training", coordinate=Coordinate("lr{:g}", " lr {:g}")),
+    Option("--batch-size", "train.batch_size", "training", maximum=SAMPLES),
+    Option("--lr", "train.lr", "training", coordinate=Coordinate("lr{:g}", " lr {:g}"), maximum=LEARNING_RATE),
     Option("--lr-schedule", "train.lr_schedule", "training", choices=LR_SCHEDULES, coordinate=Coordinate("{}", " {}")),
     Option("--lr-min-ratio", "train.lr_min_ratio", "training"),
     Option("--warmup-steps", "train.warmup_steps", "training"),
@@ -658,8 +695,8 @@ TRAINING_OPTIONS: tuple[Option, ...] = (  # c_theta, optimisation and the metric
     Option("--checkpoint-every", "train.checkpoint_every", "training"),
     Option("--max-nonfinite-steps", "train.max_nonfinite_steps", "training"),
     Option("--grad-accum", "train.grad_accum", "training"),
-    Option("--n-routed", "metrics.n_routed", "metrics"),
-    Option("--n-forced", "metrics.n_forced", "metrics"),
+    Option("--n-routed", "metrics.n_routed", "metrics", maximum=SAMPLES),
+    Option("--n-forced", "metrics.n_forced", "metrics", maximum=SAMPLES),
 )
 
 OPTIONS = (*RUN_OPTIONS, *TASK_OPTIONS, *HF_OPTIONS, *OBJECTIVE_OPTIONS, *TRAINING_OPTIONS)
@@ -675,6 +712,27 @@ def _config_of(o: Option):
     if o.path and o.path.startswith("task."):
         return RunConfig(task=next(c() for c in Task.registry.values() if o.path[5:] in getattr(c, "__dataclass_fields__", {})))
     return RunConfig()
+
+@functools.lru_cache(maxsize=None)
+def option_ceiling(o: Option,  # one of OPTIONS
+                  ) -> Ceiling | None:  # None: not a numeric option
+    "The largest value `o` takes: its row's `maximum`, else its kind's (`COUNT` for an integer, `SCALE` for a float)."
+    d = _field(_config_of(o), o.path) if o.default is ... else o.default
+    typ = o.type or (type(d) if d is not None else str)
+    if isinstance(d, bool) or typ not in (int, float): return None
+    return o.maximum or (COUNT if typ is int else SCALE)
+
+def check_option_value(o: Option,            # the row that sets it
+                       value,                # what was given
+                       name: str | None = None,  # how the caller names it (None: the flag)
+                      ):
+    "`value`, unless it lies beyond `o`'s ceiling or (a float) is not finite: then a `ValueError` naming it, the ceiling and why."
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (c := option_ceiling(o)) is None: return value
+    name = name or o.flag
+    if isinstance(value, float) and not math.isfinite(value): raise ValueError(f"{name} must be finite, got {value}")
+    shown = lambda v: f"{v:,}" if isinstance(v, int) else f"{v:g}"
+    if value > c.value: raise ValueError(f"{name} must be <= {shown(c.value)} ({c.why}), got {value if isinstance(value, int) else f'{value:g}'}")
+    return value
 
 def option_help(o: Option,             # one of OPTIONS
                 hf_only: bool = False,  # for basedirected-hf-train: the default a Hugging Face run takes
@@ -696,12 +754,16 @@ def option_help(o: Option,             # one of OPTIONS
 
 # %% ../nbs/09_config.ipynb #a3720c5b
 class _Once(argparse.Action):
-    "Store the value; refuse a second spelling of the same option."
+    "Store the value, within its row's ceiling (`check_option_value`); refuse a second spelling of the same option."
+    def __init__(self, *args, row: "Option | None" = None, **kwargs): super().__init__(*args, **kwargs); self.row = row
     def __call__(self, parser, namespace, values, option_string=None):
         seen = namespace.__dict__.setdefault("_spelling", {})
         if seen.get(self.dest, option_string) != option_string:
             parser.error(f"{option_string} and {seen[self.dest]} set the same option; give only one")
         seen[self.dest] = option_string
+        if self.row is not None and self.nargs != 0:
+            try: check_option_value(self.row, values, option_string)
+            except ValueError as e: parser.error(str(e))
         setattr(namespace, self.dest, True if self.nargs == 0 else values)
 
 def _escaped(text: str) -> str: return text.replace("%", "%%")  # argparse formats help with %: a literal one is doubled
@@ -744,7 +806,7 @@ def build_parser(prog: str = "basedirected-train",  # the command's name in its 
             g.add_argument(o.flag, *o.aliases(), dest=o.dest, action=_Once, nargs=0, default=False, help=text); continue
         typ = o.type or (type(d) if d is not None else str)
         default = o.default if o.path is None else None  # a configuration field stays None unless given
-        g.add_argument(o.flag, *o.aliases(), dest=o.dest, action=_Once, type=typ, choices=o.choices, default=default, help=text)
+        g.add_argument(o.flag, *o.aliases(), dest=o.dest, action=functools.partial(_Once, row=o), type=typ, choices=o.choices, default=default, help=text)
     for flag, f in ORIGINAL_FLAG_ALIASES.items():
         if f.switch: groups["objective"].add_argument(flag, dest=flag.lstrip("-").replace("-", "_"), action="store_true", help="original flag: " + f.meaning)
     return p

@@ -313,7 +313,7 @@ def test_force_on_a_run_directory_removes_only_what_the_package_wrote(tmp_path, 
 @pytest.mark.parametrize("extra, message", [
     (["--force"], "is not a run directory (no config.json written by this package); nothing was deleted"),
     (["--device", "foo"], "device must be 'auto', 'cpu' or 'cuda[:i]', got 'foo'"),
-    (["--seed", str(2**70)], "--seed must be an integer in [0, 2**31)"),
+    (["--seed", str(2**70)], "--seed must be <= 2,147,483,647 (seeds are integers in [0, 2**31)), got 1180591620717411303424"),
     (["--n-train", "1"], "--n-train must be >= 2"),
     (["--K", "1"], "pass --allow-inert"),
     (["--gamma", "1", "--token-weighted-reconstruction-alpha", "2"], "set the same option; give only one"),

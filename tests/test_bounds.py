@@ -1,0 +1,36 @@
+"""Every numeric option has a ceiling, read from its row: a value beyond it, or a float that is not finite, is refused in one
+line naming the option, on the command line and through the API, before anything is allocated or written."""
+import math
+
+import pytest
+
+from basedirected.config import OPTIONS, build_parser, check_option_value, option_ceiling, resolve_config
+
+NUMERIC = [o for o in OPTIONS if option_ceiling(o) is not None]
+HUGE = ["2147483648", "9223372036854775808", "100000000000000000000", "1e300", "inf", "-inf", "nan"]
+
+
+def test_every_numeric_option_has_a_ceiling():
+    assert len(NUMERIC) >= 50 and all(option_ceiling(o).value < 2**31 and option_ceiling(o).why for o in NUMERIC)
+
+
+@pytest.mark.parametrize("option", NUMERIC, ids=[o.flag for o in NUMERIC])
+def test_a_value_beyond_an_options_ceiling_is_one_line_naming_it(option, capsys):
+    for value in HUGE:
+        with pytest.raises(SystemExit) as e: build_parser().parse_args([option.flag, value])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and option.flag in err[0], (value, err)
+    ceiling = option_ceiling(option).value
+    within = type(ceiling)(ceiling) if isinstance(ceiling, int) else ceiling
+    assert check_option_value(option, within) == within  # the ceiling itself is allowed
+
+
+@pytest.mark.parametrize("path, value", [("base.model.d_model", 2**31), ("c_samples", 2**31), ("train.steps", 10**20), ("train.free_bits", 1e300),
+                                         ("metrics.n_routed", 2**63), ("cvae.code_init_noise", math.nan), ("train.weight_decay", math.inf)])
+def test_the_api_meets_the_same_ceiling(path, value):
+    with pytest.raises(ValueError, match=path.rsplit(".", 1)[-1]): resolve_config("sorting", "theta", {path: value})
+
+
+def test_weight_decay_and_the_learning_rate_together_stay_below_one():
+    with pytest.raises(ValueError, match=r"lr \* weight_decay must be < 1"): resolve_config("sorting", "theta", {"train.lr": 10.0, "train.weight_decay": 0.5})
+    assert resolve_config("sorting", "theta", {"train.weight_decay": 0.1}).train.weight_decay == 0.1
