@@ -13,11 +13,11 @@ import inspect
 import linecache
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .base import BaseTrainConfig
-from .conventions import MAX_TERM_WEIGHT, check_at_most, check_nonnegative, check_positive, check_unit_interval, patch
+from .conventions import ABSENT, MAX_TERM_WEIGHT, absent_value, check_at_most, check_nonnegative, check_positive, check_unit_interval, patch
 from .cvae import CODE_INIT_NOISE_WHY, COUPLING_READERS, MAX_CODE_INIT_NOISE, CVAEConfig
 from .weights import GAMMA_CEILING_WHY, MAX_GAMMA
 from .model import ModelConfig
@@ -100,11 +100,8 @@ class TrainConfig:
 # %% ../nbs/09_config.ipynb #9389c2db
 @patch
 def to_dict(self: TrainConfig) -> dict:
-    "The fields, `grad_accum` only where it is not 1 and `eval_early_every` only where it is set: a run directory or sweep cell written before either existed is still the same run."
-    d = asdict(self)
-    if self.grad_accum == 1: del d["grad_accum"]
-    if not self.eval_early_every: del d["eval_early_every"]
-    return d
+    "Every field (a record written before one existed reads as one at its default: `with_defaults`, notebook 00)."
+    return asdict(self)
 
 @patch
 def evaluates_after(self: TrainConfig, done: int) -> bool:
@@ -213,7 +210,7 @@ class RunConfig:
     c_samples: int = 2000                           # samples for c_theta
     metrics: MetricsConfig = MetricsConfig()        # responses the held-out generation metrics sample
     threads: int = 0                                # torch CPU threads (0: torch's default); CPU float sums, and so results, depend on it
-    flush_subnormals: bool = True                   # flush subnormal floats to zero on the CPU, TensorFlow's default: once the base predicts
+    flush_subnormals: bool = field(default=True, metadata={ABSENT: False})  # flush subnormal floats to zero on the CPU, TensorFlow's default: once the base predicts
                                                     # confidently, gradients underflow into subnormals that slow CPU matrix products about 3x;
                                                     # results differ from False at round-off (a record written before the field: False)
 
@@ -231,7 +228,7 @@ class RunConfig:
         return cls(**{**d, "task": task_from_dict(d["task"]), "base": BaseTrainConfig(**base), "cvae": CVAEConfig(**d["cvae"]),
                       "loss": ReconstructionLossConfig(**d["loss"]), "train": TrainConfig(**train),
                       "metrics": MetricsConfig(**d.get("metrics", {})),  # records written before generation sizes were configured
-                      "flush_subnormals": d.get("flush_subnormals", False)})  # ... and before subnormals were flushed
+                      "flush_subnormals": d.get("flush_subnormals", absent_value(cls, "flush_subnormals"))})  # ... and before subnormals were flushed
 
 # %% ../nbs/09_config.ipynb #67650660
 ADAPT_MODES = ("frozen", "lora", "full")

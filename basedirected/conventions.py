@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import inspect
+import json
 import math
 from numbers import Real
 
 import torch
 
 # %% auto #0
-__all__ = ['MAX_TERM_WEIGHT', 'NEGATIVE_SURPRISAL_TOLERANCE', 'check_unit_interval', 'check_nonnegative', 'check_positive',
-           'check_at_most', 'value_checks_enabled', 'trusted_values', 'check_batch', 'masked_fill_zero', 'masked_mean',
-           'reference_dtype', 'patch', 'autocast_disabled']
+__all__ = ['MAX_TERM_WEIGHT', 'NEGATIVE_SURPRISAL_TOLERANCE', 'ABSENT', 'check_unit_interval', 'check_nonnegative',
+           'check_positive', 'check_at_most', 'value_checks_enabled', 'trusted_values', 'check_batch',
+           'masked_fill_zero', 'masked_mean', 'reference_dtype', 'patch', 'absent_value', 'with_defaults',
+           'same_configuration', 'autocast_disabled']
 
 # %% ../nbs/00_conventions.ipynb #008da8f7
 def _as_float(value,    # a Python real or a one-element tensor
@@ -142,6 +145,44 @@ def patch(f):  # a function whose first parameter is annotated with the class it
     f.__qualname__ = f"{cls.__name__}.{f.__name__}"
     setattr(cls, f.__name__, f)
     return f
+
+# %% ../nbs/00_conventions.ipynb #8fa423ad
+def _as_json(value):
+    "`value` as JSON reads it back (tuples become lists; a dataclass its `to_dict`, else its fields)."
+    if dataclasses.is_dataclass(value) and not isinstance(value, type): value = value.to_dict() if hasattr(value, "to_dict") else dataclasses.asdict(value)
+    return json.loads(json.dumps(value))
+
+ABSENT = "absent"  # a field's metadata key: what a record written before the field existed meant, where that is not its default
+
+def _default(f: dataclasses.Field):
+    "What a record without field `f` means: its `absent` metadata where it has one, else its default."
+    if ABSENT in f.metadata: return f.metadata[ABSENT]
+    if f.default is not dataclasses.MISSING: return f.default
+    if f.default_factory is not dataclasses.MISSING: return f.default_factory()
+    return dataclasses.MISSING
+
+def absent_value(cls, name: str):
+    "What a record without field `name` of the dataclass `cls` means (its `absent` metadata, else its default)."
+    return _default(next(f for f in dataclasses.fields(cls) if f.name == name))
+
+def with_defaults(record,         # a configuration as written (a dict of JSON values), or any value
+                  shape,          # what it records: a dataclass instance, or a dict of them (None: nothing to fill)
+                 ):               # the record, every field it lacks filled with its class's default, as JSON
+    "The compatibility rule: a record written before a field existed reads as one at the field's default, recursively through nested configurations."
+    if not isinstance(record, dict): return _as_json(record)
+    out, dataclass = dict(record), dataclasses.is_dataclass(shape) and not isinstance(shape, type)
+    if dataclass:
+        for f in dataclasses.fields(shape):
+            if f.name not in out and f.init and (d := _default(f)) is not dataclasses.MISSING: out[f.name] = _as_json(d)
+    child = lambda k: getattr(shape, k, None) if dataclass else shape.get(k) if isinstance(shape, dict) else None
+    return {k: with_defaults(v, child(k)) for k, v in out.items()}
+
+def same_configuration(recorded,  # a configuration as a record holds it
+                       current,   # the configuration a command would make (a dict as written)
+                       shape,     # the configuration object itself, whose classes give the defaults
+                      ) -> bool:
+    "Whether two records are one configuration under the compatibility rule (`with_defaults` on both sides)."
+    return with_defaults(_as_json(recorded), shape) == with_defaults(_as_json(current), shape)
 
 # %% ../nbs/00_conventions.ipynb #5d0c6c6d
 def autocast_disabled(device: torch.device, # device whose autocast to switch off

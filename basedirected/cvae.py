@@ -69,12 +69,8 @@ class CVAEConfig:
         if self.coupling_reader != "bag" and not self.coupling: raise ValueError(f"coupling_reader {self.coupling_reader!r} needs coupling > 0 (it is the coupling term's classifier)")
         if self.latent == "continuous" and (self.router != "input" or self.coupling): raise ValueError("router 'marginal' and coupling need latent 'discrete'")
     def to_dict(self) -> dict:
-        "The fields, `router`, `coupling` and `coupling_reader` only where they are not the defaults: a run directory or sweep cell written before they existed is the same run."
-        d = asdict(self)
-        if self.router == "input": del d["router"]
-        if self.coupling == 0: del d["coupling"]
-        if self.coupling_reader == "bag": del d["coupling_reader"]
-        return d
+        "Every field (a record written before one existed reads as one at its default: `with_defaults`, notebook 00)."
+        return asdict(self)
 
 # %% ../nbs/07_cvae.ipynb #d294ff3a
 @dataclass

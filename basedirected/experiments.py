@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from .base import FrozenReference, gate_failures
+from .conventions import same_configuration
 from .model import ModelConfig
 from .objective import OBJECTIVE_NAMES, objectives
 from .pretrained import BASE_FILES
@@ -493,7 +494,7 @@ def clear_cells(out: Path,              # the sweep's directory
 # %% ../nbs/11_experiments.ipynb #52ffe3ab
 def _stale(rd: RunDir, spec: RunSpec) -> bool:
     "The run directory holds a run made under another configuration."
-    return rd.config.exists() and read_json(rd.config).get("config") != json.loads(json.dumps(spec.config.to_dict()))
+    return rd.config.exists() and not same_configuration(read_json(rd.config).get("config"), spec.config.to_dict(), spec.config)  # the compatibility rule
 
 def finished_record(out: Path,      # the sweep's directory
                     spec: RunSpec,  # one of its cells

@@ -14,10 +14,12 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .conventions import with_defaults
+
 # %% auto #0
-__all__ = ['BASE_FILES', 'base_key', 'recipe_differences', 'PretrainedBase', 'catalogue_dir', 'catalogue', 'pretrained_for',
-           'check_pretrained', 'file_sha256', 'shipped_name', 'verify_pretrained', 'install_pretrained',
-           'add_to_catalogue', 'catalogue_table']
+__all__ = ['BASE_FILES', 'base_key', 'same_recipe', 'base_key_shape', 'recipe_differences', 'PretrainedBase', 'catalogue_dir',
+           'catalogue', 'pretrained_for', 'check_pretrained', 'file_sha256', 'shipped_name', 'verify_pretrained',
+           'install_pretrained', 'add_to_catalogue', 'catalogue_table']
 
 # %% ../nbs/06b_pretrained.ipynb #10ca7d68
 def base_key(config,  # a RunConfig (its base, data seed, task and n_train)
@@ -30,11 +32,22 @@ def _flat(d, prefix=""):
         if isinstance(v, dict) and v: yield from _flat(v, f"{prefix}{k}.")
         else: yield f"{prefix}{k}", v
 
+def same_recipe(trained_for: dict,  # the key a base (or its c_theta, its gate) was made for
+                config,             # a RunConfig
+               ) -> bool:
+    "Whether a base made for `trained_for` serves `config`: no recipe difference under the compatibility rule."
+    return not recipe_differences(trained_for, base_key(config), base_key_shape(config))
+
+def base_key_shape(config,  # a RunConfig
+                  ) -> dict:  # its base key's parts as objects: the classes whose defaults fill a key written before a field existed
+    return {"base_config": config.base, "seed": None, "task": config.task, "n_train": None}
+
 def recipe_differences(trained_for: dict,  # the key a base was trained for
                        wanted: dict,       # the key a configuration asks for
+                       shape: dict | None = None,  # `base_key_shape` of the configuration: a field either key lacks reads as its default
                       ) -> list[str]:      # 'path: trained_for's value, not wanted's', one per differing field
-    "The fields in which two base keys differ, each with both values (empty: one base serves both)."
-    a, b = dict(_flat(trained_for)), dict(_flat(wanted))
+    "The fields in which two base keys differ under the compatibility rule (`with_defaults`), each with both values (empty: one base serves both)."
+    a, b = dict(_flat(with_defaults(trained_for, shape))), dict(_flat(with_defaults(wanted, shape)))
     return [f"{k} {a.get(k, '(absent)')!r}, not {b.get(k, '(absent)')!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 # %% ../nbs/06b_pretrained.ipynb #081caf12
@@ -71,8 +84,7 @@ def pretrained_for(config,                   # a RunConfig
                    root: Path | None = None,  # a catalogue's directory (None: the package's)
                   ) -> str | None:            # the name of the shipped base trained for its recipe, or None
     "The shipped base whose recipe (`base_key`) the configuration has, if any."
-    key = base_key(config)
-    return next((n for n, b in catalogue(root).items() if b.key == key), None)
+    return next((n for n, b in catalogue(root).items() if same_recipe(b.key, config)), None)
 
 def check_pretrained(name: str,                # a shipped base's name
                      config=None,              # a RunConfig it must serve (None: any)
@@ -81,7 +93,7 @@ def check_pretrained(name: str,                # a shipped base's name
     "The shipped base `name`; `ValueError` for a name the catalogue lacks, or a configuration it was not trained for (naming each field that differs)."
     bases = catalogue(root)
     if name not in bases: raise ValueError(f"no shipped base is named {name!r}; the shipped bases are {', '.join(bases) or 'none'}")
-    if config is not None and (diff := recipe_differences(bases[name].key, base_key(config))):
+    if config is not None and (diff := recipe_differences(bases[name].key, base_key(config), base_key_shape(config))):
         raise ValueError(f"the shipped base {name} was trained for another recipe than this run's: " + "; ".join(diff) + " (drop --base to train one for this recipe)")
     return bases[name]
 

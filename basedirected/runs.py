@@ -24,11 +24,11 @@ import torch.nn as nn
 from .base import (GATE, GATE_SAMPLES_PER_INPUT, FrozenReference, SurprisalCache, base_gate, gate_failures,
                                base_training_examples, estimate_model_reference_scale, pretrain_base)
 from .config import BASE_CHOICES, MAX_KL_WEIGHT, RunConfig
-from .conventions import patch
+from .conventions import patch, same_configuration
 from .cvae import build_cvae
 from .machine import barrier, distributed_setup, environment_record, resolve_device, use_numerics
 from .model import EncodedExamples, ModelConfig, TinyCausalLM, layout_tokens
-from .pretrained import base_key, check_pretrained, file_sha256, install_pretrained, pretrained_for, shipped_name, verify_pretrained
+from .pretrained import base_key, check_pretrained, file_sha256, install_pretrained, pretrained_for, same_recipe, shipped_name, verify_pretrained
 from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, Task, Vocab, break_even_beta, check_task, make_splits, task_class
 # every built-in task registers when its module is imported: a run of any of them loads in a process that imported only this module
@@ -226,10 +226,6 @@ def run_vocab(config: RunConfig,  # its task and its number of codes
     return Vocab.for_task(config.task, n_latent=max(config.cvae.K, 8))
 
 # %% ../nbs/09a_runs.ipynb #1bdfc05e
-def _same(a, b) -> bool:
-    "Equal once written as JSON (tuples and lists alike)."
-    return json.loads(json.dumps(a)) == json.loads(json.dumps(b))
-
 _base_key = base_key  # what a base, its c_theta and its gate are keyed by ([notebook 06b](06b_pretrained.ipynb))
 
 def load_base(run_dir: Path,                     # a run directory (or a shared base's)
@@ -242,7 +238,7 @@ def load_base(run_dir: Path,                     # a run directory (or a shared 
     ck = load_checkpoint(path)
     if not isinstance(ck.get("model"), dict) or not isinstance(ck.get("base_config"), dict):
         raise ValueError(f"{path} holds no base model; delete it to train the base again, or rerun with --force")
-    if config is not None and not _same({k: ck.get(k) for k in ("base_config", "seed", "task", "n_train")}, _base_key(config)): return None
+    if config is not None and not same_recipe({k: ck.get(k) for k in ("base_config", "seed", "task", "n_train")}, config): return None
     model = TinyCausalLM(len(vocab), ModelConfig(**ck["base_config"]["model"]))
     model.load_state_dict(ck["model"])
     return model.eval()
@@ -256,7 +252,7 @@ def base_source(run_dir: Path,      # the run directory (or a sweep's shared bas
     if base not in BASE_CHOICES: check_pretrained(base, config)  # an unknown name, or another recipe, refused before anything
     rd = RunDir(run_dir)
     recorded = read_json(rd.config).get("base", {}).get("shipped") if rd.is_run() else None
-    if rd.base.is_file() and (ck := load_checkpoint(rd.base)).get("base_config") is not None and _same({k: ck.get(k) for k in ("base_config", "seed", "task", "n_train")}, _base_key(config)):
+    if rd.base.is_file() and (ck := load_checkpoint(rd.base)).get("base_config") is not None and same_recipe({k: ck.get(k) for k in ("base_config", "seed", "task", "n_train")}, config):
         here = shipped_name(rd.base)
         if recorded and here != recorded: verify_pretrained(check_pretrained(recorded), rd.path, files=("base.pt",))  # names the changed file
         if base == "train" and here: raise ValueError(f"{rd.base} is the shipped base {here}, and the run asks to train its own (--train-base): choose another --run-dir, or --force")
@@ -283,7 +279,7 @@ def prepare_base(run_dir: Path,               # where base.pt is, or goes
         install_pretrained(shipped, rd.path)
         return load_base(rd.path, vocab, config).to(device)
     state = load_checkpoint(rd.base_checkpoint) if rd.base_checkpoint.is_file() else None
-    if state is not None and not _same(state.get("key"), _base_key(config)): state = None  # another recipe's: trained again from the start
+    if state is not None and not (isinstance(state.get("key"), dict) and same_recipe(state["key"], config)): state = None  # another recipe's: trained again from the start
     save = lambda s: atomic_torch_save(rd.base_checkpoint, {**s, "key": _base_key(config)})
     examples = base_training_examples(config.task, train, config.base, config.data_seed, held_out)
     model, losses = pretrain_base(vocab, examples, config.base, seed=config.data_seed, device=device, progress=progress, on_step=on_step,
@@ -306,7 +302,7 @@ def prepare_reference_scale(run_dir: Path,      # where reference_scale.json is,
     path = RunDir(run_dir).scale
     if path.exists():
         d = read_json(path)  # reused only when made from the same base with the same sample size
-        if d.get("c_samples") == config.c_samples and _same(d.get("base"), _base_key(config)): return read_reference_scale(path, config.c_source)
+        if d.get("c_samples") == config.c_samples and (isinstance(d.get("base"), dict) and same_recipe(d["base"], config)): return read_reference_scale(path, config.c_source)
     model_scale, truncated = estimate_model_reference_scale(base, vocab, train, n=config.c_samples, seed=config.data_seed, device=device)
     data_scale = estimate_reference_scale(SurprisalCache(reference, vocab, train[:config.c_samples], device=device).base_means(), "data")
     atomic_write_json(path, {"model": model_scale.to_dict(), "data": data_scale.to_dict(), "c_samples": config.c_samples,
@@ -335,7 +331,7 @@ def prepare_gate(run_dir: Path,             # where base_gate.json is, or goes
     if path.exists():
         d = check_gate_record(read_json(path), path)
         # a gate measured for this base under the same criteria and sample size (a change of criteria measures it again)
-        if _same(d.get("base"), _base_key(config)) and d.get("samples_per_input") == GATE_SAMPLES_PER_INPUT and d.get("criteria") == GATE: return d
+        if (isinstance(d.get("base"), dict) and same_recipe(d["base"], config)) and d.get("samples_per_input") == GATE_SAMPLES_PER_INPUT and d.get("criteria") == GATE: return d
     cache = SurprisalCache(FrozenReference(base), vocab, held_out[:256], device=device)
     gate = {**base_gate(base, vocab, config.task, held_out, cache, device=device), "base": _base_key(config)}
     atomic_write_json(path, gate)
@@ -489,7 +485,7 @@ def check_run_dir(run_dir: Path,                     # the directory a run would
     if rd.config.exists():
         record = read_json(rd.config)
         if not _is_run_record(record): raise ValueError(f"{rd.config} is not a run record of this package (no configuration and environment); choose another --run-dir")
-        if not _same(record["config"], config.to_dict()):
+        if not same_configuration(record["config"], config.to_dict(), config):
             raise ValueError(f"{rd.path} holds a run with a different configuration; choose another --run-dir or pass --force")
     if rd.scale.exists(): _check_scale_file(rd.scale)
     if rd.gate.exists() and not isinstance(read_json(rd.gate).get("passes"), bool):
@@ -499,7 +495,7 @@ def check_run_dir(run_dir: Path,                     # the directory a run would
         raise ValueError(f"{rd.base} holds no model; delete it to train the base again")
     if not rd.checkpoint.exists(): return
     ck = _checked_checkpoint(rd.checkpoint)
-    if not _same(ck.get("config"), config.to_dict()): raise ValueError(f"{rd.checkpoint} was written by a run with another configuration")
+    if not same_configuration(ck.get("config"), config.to_dict(), config): raise ValueError(f"{rd.checkpoint} was written by a run with another configuration")
     if not rd.log.exists():
         if resume_without_log: return
         raise ValueError(f"{rd.log} is missing but {rd.checkpoint} is at step {ck['step']}; pass --resume-without-log to continue without the earlier steps")

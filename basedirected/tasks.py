@@ -210,10 +210,8 @@ def generate(self: Task, n: int,  # examples
 
 @patch
 def to_dict(self: Task) -> dict:
-    "The task as its run records it (`task_from_dict` reads it back); one surface form is left unwritten, so records from before the knob are the same task."
-    d = {"name": self.name, **asdict(self)}
-    if d.get("surface_forms") == 1: del d["surface_forms"]
-    return d
+    "The task as its run records it (`task_from_dict` reads it back): every field (a record from before a field existed reads as one at its default: `with_defaults`, notebook 00)."
+    return {"name": self.name, **asdict(self)}
 
 # %% ../nbs/05_tasks.ipynb #224644e7
 def _canonical(cls: type) -> type:

@@ -11,7 +11,7 @@ import torch
 from basedirected.base import gate_failures
 from basedirected.cli import train_main
 from basedirected.config import build_parser, config_from_args
-from basedirected.pretrained import BASE_FILES, base_key, catalogue, check_pretrained, file_sha256, pretrained_for, verify_pretrained
+from basedirected.pretrained import BASE_FILES, base_key, catalogue, check_pretrained, file_sha256, pretrained_for, same_recipe, verify_pretrained
 from basedirected.runs import RunDir, load_run, prepare_run
 from basedirected.config import resolve_config
 
@@ -64,7 +64,7 @@ def test_train_base_trains_its_own_and_refuses_a_directory_holding_a_shipped_one
 def test_base_by_name_brings_its_recipe_and_refuses_another(capsys):
     parse = lambda *argv: config_from_args(build_parser().parse_args(list(argv)))
     cfg = parse("--base", "addition-s1", "--objective", "dist")
-    assert base_key(cfg) == catalogue()["addition-s1"].key and (cfg.task.name, cfg.seed, cfg.objective) == ("addition", 0, "dist")
+    assert same_recipe(catalogue()["addition-s1"].key, cfg) and (cfg.task.name, cfg.seed, cfg.objective) == ("addition", 0, "dist")
     with pytest.raises(SystemExit) as e: train_main(["--run-dir", "/tmp/never", "--base", "addition-s1", "--task", "sorting"])
     assert e.value.code == 2 and "--base addition-s1 brings its own task" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e: train_main(["--run-dir", "/tmp/never", "--base", "sorting-s9"])
