@@ -37,13 +37,14 @@ from .train import BaseGateError, complete, train_run
 from .groups import pack_groups, train_group
 
 # %% auto #0
-__all__ = ['PRESETS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVATION', 'CUDA_CONTEXT_GIB', 'check_preset',
-           'with_arm', 'Preset', 'RunSpec', 'cell_overrides', 'plan', 'plan_cost', 'SweepDir', 'base_dir', 'lock_path',
-           'prepare_shared_base', 'check_base_gate', 'select_bases', 'selected_bases', 'skipped_cells', 'clear_cells',
-           'finished_record', 'finished', 'check_sweep_dir', 'record_preset', 'current_names', 'cell_locks',
-           'clear_held_cells', 'run_cell', 'run_group_cells', 'run_pack', 'die_with_parent', 'SweepWorkers',
-           'pack_memory_gib', 'DevicePlacer', 'cuda_budgets_gib', 'run_placed', 'copy_bases', 'seed_bases',
-           'earlier_cells', 'check_same_bases', 'check_earlier_bases', 'execute']
+__all__ = ['PRESETS', 'SIZE_FIELDS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVATION', 'CUDA_CONTEXT_GIB',
+           'check_preset', 'with_arm', 'Preset', 'RunSpec', 'cell_overrides', 'size_tag', 'plan', 'plan_cost',
+           'SweepDir', 'base_dir', 'lock_path', 'prepare_shared_base', 'check_base_gate', 'select_bases',
+           'selected_bases', 'skipped_cells', 'clear_cells', 'finished_record', 'finished', 'check_sweep_dir',
+           'record_preset', 'current_names', 'cell_locks', 'clear_held_cells', 'run_cell', 'run_group_cells',
+           'run_pack', 'die_with_parent', 'SweepWorkers', 'pack_memory_gib', 'DevicePlacer', 'cuda_budgets_gib',
+           'run_placed', 'copy_bases', 'seed_bases', 'earlier_cells', 'check_same_bases', 'check_earlier_bases',
+           'execute']
 
 # %% ../nbs/11_experiments.ipynb #f6765ca6
 def check_preset(p):  # the Preset being built (its class is defined below, in the cell that calls this)
@@ -329,12 +330,31 @@ def cell_overrides(preset: Preset,              # the sweep's sizes
     return {**o, **{p: preset.knobs[p] for p in coordinates() if p in preset.knobs}}  # the rows' order: a cell's command is written as it was
 
 # %% ../nbs/11_experiments.ipynb #ae11107a
+SIZE_FIELDS = ("n_train", "n_eval", "model", "base_steps", "base_strategy_draws", "cvae_steps", "evals", "early_evals", "batch_size", "c_samples",
+               "n_routed", "n_forced", "threads")  # a preset's sizes: an arm that changes one trains other cells than the grid's
+
+def size_tag(preset: Preset,  # the preset
+             armed: Preset,   # one of its arms (`with_arm`)
+            ) -> str:         # the sizes the arm changes, as a part of a cell's key ('' where it changes none)
+    "The sizes an arm changes, written into its cells' keys where they would otherwise repeat a key of the grid or of another arm ('-cvae_steps12', '-model_d32l1h2f64')."
+    def shown(v): return f"_d{v.d_model}l{v.n_layers}h{v.n_heads}f{v.d_ff}" if isinstance(v, ModelConfig) else f"{v}"
+    return "".join(f"-{f}{shown(getattr(armed, f))}" for f in SIZE_FIELDS if getattr(armed, f) != getattr(preset, f))
+
 def plan(preset: Preset,  # a preset (its grid and arms)
         ) -> list[RunSpec]:
-    "Every run of `preset` (its grid, then each arm's), in a stable order."
-    specs = _grid(preset)
-    for arm in preset.arms: specs += [s for s in _grid(with_arm(preset, arm)) if s.key not in {t.key for t in specs}]
-    return specs
+    "Every run of `preset` (its grid, then each arm's), in a stable order; a cell an arm shares with the grid or an earlier arm (the same key and command) is run once, an arm that changes only sizes gets keys of its own, and an arm whose cell would repeat a key with another configuration is refused by name."
+    specs = {s.key: (s, "the grid") for s in _grid(preset)}
+    for i, arm in enumerate(preset.arms):
+        armed = with_arm(preset, arm)
+        for s in _grid(armed):
+            if s.key in specs and specs[s.key][0].argv != s.argv and (tag := size_tag(preset, armed)):
+                head, _, seed = s.key.rpartition("-s")
+                s = dataclasses.replace(s, key=f"{head}{tag}-s{seed}")  # the sizes name the arm's own cells
+            if s.key not in specs: specs[s.key] = (s, f"arm {i} {arm}"); continue
+            if specs[s.key][0].argv != s.argv:
+                raise ValueError(f"preset {preset.name}: arm {i} {arm} repeats the key {s.key} of {specs[s.key][1]} with another configuration; "
+                                 "give the arm a coordinate (a knob) or a size that tells its cells apart")
+    return [s for s, _ in specs.values()]
 
 # %% ../nbs/11_experiments.ipynb #2ff6a05a
 def _grid(preset: Preset) -> list[RunSpec]:
