@@ -23,7 +23,7 @@ from .experiments import (PRESETS, Preset, RunSpec, check_base_gate, check_same_
 from .groups import pack_groups
 from .model import ModelConfig
 from .config import coordinate_name, coordinates
-from .runs import RunDir, atomic_write_json, check_writable, read_json
+from .runs import RunDir, atomic_write_json, check_writable, read_json, read_table
 
 # %% auto #0
 __all__ = ['EXECUTORS', 'CLUSTERS', 'ClusterConfig', 'PackJob', 'preset_from_record', 'read_records', 'earlier_collection',
@@ -119,7 +119,8 @@ def preset_from_record(out: Path,  # a sweep directory, holding its preset.json
     if not path.is_file(): raise FileNotFoundError(f"{path} not found: {out} is not a sweep directory (basedirected-repro writes preset.json first)")
     record = read_json(path).get("preset")
     if not isinstance(record, dict): raise ValueError(f"{path} holds no preset; it is damaged: rerun the sweep with its --preset to write it again")
-    record = _knobs_from_fields(record)
+    try: record = _knobs_from_fields(record)
+    except (AttributeError, TypeError) as e: raise ValueError(f"{path} describes a preset this version cannot rebuild (a field of the wrong type: {e})") from None
     names = {f.name for f in dataclasses.fields(Preset)}
     defaults = json.loads(json.dumps({f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory() for f in dataclasses.fields(Preset)
                                       if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}))
@@ -128,7 +129,7 @@ def preset_from_record(out: Path,  # a sweep directory, holding its preset.json
         raise ValueError(f"{path} lacks the preset's {', '.join(missing)}; it is damaged or partial: rerun the sweep with its --preset to write it again")
     if unknown := [k for k in record if k not in names]: raise ValueError(f"{path} has fields this version does not know ({', '.join(unknown)})")
     try: preset = Preset(**_tuples(record))
-    except (TypeError, ValueError) as e: raise ValueError(f"{path} describes a preset this version cannot rebuild ({e})") from None
+    except (TypeError, ValueError, AttributeError) as e: raise ValueError(f"{path} describes a preset this version cannot rebuild ({e})") from None
     recorded = {k: v for k, v in json.loads(json.dumps(asdict(preset))).items() if k in record or v != defaults.get(k)}  # a field added since: its default
     if recorded != record: raise ValueError(f"{path} describes a preset this version cannot rebuild")
     return preset
@@ -147,12 +148,10 @@ def read_records(out: Path,         # a collected sweep's directory (or its refe
     "A collection's records as its cells' `metrics.json` held them (in today's names, `current_names`), as far as its files keep them: every scalar of `results.csv` (a value the run did not have is no key) and `gain_per_position` from `positions.csv`."
     out = Path(out)
     if not SweepDir(out).results.is_file(): raise FileNotFoundError(f"{SweepDir(out).results} not found: {out} holds no collected sweep")
-    with open(SweepDir(out).results, newline="") as f:
-        records = [current_names({k: x for k, v in row.items() if (x := _restored(v)) is not None}) for row in csv.DictReader(f)]
+    records = [current_names({k: x for k, v in row.items() if (x := _restored(v)) is not None}) for row in read_table(SweepDir(out).results, ("key",))]
     gains = {}
     if (out / "positions.csv").is_file():
-        with open(out / "positions.csv", newline="") as f:
-            for row in csv.DictReader(f): gains.setdefault(row["key"], []).append((int(row["position"]), float(row["gain"])))
+        for row in read_table(out / "positions.csv", ("key", "position", "gain")): gains.setdefault(row["key"], []).append((int(row["position"]), float(row["gain"])))
     for r in records:
         if r.get("key") in gains: r["gain_per_position"] = [g for _, g in sorted(gains[r["key"]])]
     return records

@@ -29,7 +29,7 @@ from .conventions import same_configuration
 from .model import ModelConfig
 from .objective import OBJECTIVE_NAMES, objectives
 from .pretrained import BASE_FILES
-from .runs import RunDir, atomic_write_bytes, atomic_write_json, base_source, check_writable, exclusive_run_dir, check_gate_record, file_lock, load_base, load_checkpoint, prepare_base, prepare_gate, prepare_reference_scale, prepare_run, read_json, remove_temporaries, run_vocab, write_command
+from .runs import RunDir, atomic_write_bytes, atomic_write_json, base_source, check_writable, exclusive_run_dir, check_gate_record, file_lock, load_base, load_checkpoint, prepare_base, prepare_gate, prepare_reference_scale, prepare_run, read_json, read_table, remove_temporaries, run_vocab, write_command
 from .machine import environment_record, resolve_device, use_numerics
 from .config import RunConfig, command_argv, coordinate_key, coordinate_record, coordinates, resolve_config, task_coordinates
 from .tasks import Task, make_splits
@@ -49,6 +49,13 @@ __all__ = ['PRESETS', 'SIZE_FIELDS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BY
 # %% ../nbs/11_experiments.ipynb #f6765ca6
 def check_preset(p):  # the Preset being built (its class is defined below, in the cell that calls this)
     "Refuse (`ValueError` naming the preset) a grid that cannot run: no KL weights, evaluations beyond the steps, seeds given twice, a gate policy unknown."
+    for name in ("objectives", "taus", "betas", "seeds", "base_seeds", "regimes", "latents", "alpha_gamma", "Ks", "posteriors", "arms", "gate_exceptions"):
+        if not isinstance(getattr(p, name), tuple): raise ValueError(f"preset {p.name}: {name} must be a tuple, got {type(getattr(p, name)).__name__}")
+    for name in ("n_eval", "cvae_steps", "evals", "batch_size", "c_samples", "n_routed", "n_forced", "threads", "n_train", "base_steps", "base_strategy_draws"):
+        if not (type(getattr(p, name)) is int or getattr(p, name) is None and name in ("n_train", "base_steps", "base_strategy_draws")):
+            raise ValueError(f"preset {p.name}: {name} must be an integer, got {getattr(p, name)!r}")
+    if not isinstance(p.knobs, dict) or not all(isinstance(a, dict) for a in p.arms): raise ValueError(f"preset {p.name}: knobs and each arm must be a mapping")
+    if p.model is not None and type(p.model).__name__ != "ModelConfig": raise ValueError(f"preset {p.name}: model must be a ModelConfig or None, got {p.model!r}")
     if not p.taus and not p.betas: raise ValueError(f"preset {p.name}: give taus or betas")
     if p.evals < 1 or p.cvae_steps < p.evals: raise ValueError(f"preset {p.name}: evals must lie in [1, cvae_steps]")
     period = max(p.cvae_steps // p.evals, 1)
@@ -803,11 +810,7 @@ def earlier_cells(earlier: Path,  # an earlier collection of the sweep (a sweep 
     "The cells an earlier collection holds (the keys of its `results.csv`) and the gates of the bases it prepared (`base_gates.json`)."
     earlier = Path(earlier)
     if not SweepDir(earlier).results.is_file(): raise ValueError(f"{SweepDir(earlier).results} not found: {earlier} holds no collected sweep")
-    try:
-        with open(SweepDir(earlier).results, newline="", encoding="utf-8") as f: rows = list(csv.DictReader(f))
-    except UnicodeDecodeError: raise ValueError(f"{SweepDir(earlier).results} is not UTF-8 text: not a collection this package wrote") from None
-    if rows and "key" not in rows[0]: raise ValueError(f"{SweepDir(earlier).results} has no 'key' column: not a collection this package wrote")
-    keys = {row["key"] for row in rows}
+    keys = {row["key"] for row in read_table(SweepDir(earlier).results, ("key",))}  # a damaged or foreign table is named
     return keys, SweepDir(earlier).gate_records()
 
 def check_same_bases(out: Path,    # the sweep's directory

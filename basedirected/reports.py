@@ -19,7 +19,7 @@ from .comparisons import across_base_interval, contrast_interval, settled_runs, 
 from .experiments import SweepDir, current_names
 from .reconstruction import TERM_NAMES
 from .pretrained import shipped_name
-from .runs import RunDir, atomic_write_bytes, atomic_write_json, load_run, read_json, read_log
+from .runs import RunDir, atomic_write_bytes, atomic_write_json, load_run, read_json, read_log, read_table
 from .machine import environment_record
 from .metrics import stopping_verdicts
 from .config import TrainConfig, coordinate_label, coordinate_name, coordinates
@@ -389,7 +389,7 @@ def _save(fig, out: Path, name: str):
 def read_results(out: Path,        # the sweep's output directory
                 ) -> list[dict]:  # one row per run
     "The rows of `out/results.csv`, numbers as floats, flags as bools and empty cells as None (a tau cell has no beta target, a beta cell no tau target), in today's names (`current_names`)."
-    rows = list(csv.DictReader(open(SweepDir(out).results)))
+    rows = read_table(SweepDir(out).results, ("key",))
     for r in rows:
         for k, v in r.items():
             if v == "": r[k] = None; continue

@@ -17,12 +17,12 @@ from .config import OneLineParser, add_dataclass_options, dataclass_from_args
 from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, earlier_collection, preset_from_record, read_records, submit_sweep
 from .experiments import PRESETS, SweepDir, earlier_cells, execute, finished, plan, seed_bases
 from .reports import answer_text, compare_collections, comparison_text, write_reports
-from .runs import atomic_write_bytes, check_writable, read_json
+from .runs import atomic_write_bytes, check_writable, read_json, read_table
 from .machine import environment_record, resolve_device
 from .train import NonFiniteError
 
 # %% auto #0
-__all__ = ['reference_minutes', 'preset_help', 'repro_parser', 'repro_main']
+__all__ = ['reference_minutes', 'preset_help', 'repro_parser', 'check_reference', 'repro_main']
 
 # %% ../nbs/12b_repro.ipynb #f5b15308
 def _missing_message(out: Path, missing: list[str]) -> str:
@@ -120,6 +120,23 @@ def repro_parser() -> OneLineParser:
     add_dataclass_options(p, ClusterConfig, {"executor": EXECUTORS, "cluster": CLUSTERS}, "executor (where the cells run)")
     return p
 
+# %% ../nbs/12b_repro.ipynb #f4b51ffb
+def _preset_of(a: argparse.Namespace):
+    "The preset this invocation runs or collects: OUT's own where --collect reads one, else --preset's."
+    if a.collect and a.out is not None and SweepDir(a.out).preset.is_file(): return preset_from_record(Path(a.out))
+    return PRESETS[a.preset]
+
+def check_reference(reference: Path,  # --compare's REF
+                    preset,           # the preset of the collection it is compared with
+                   ) -> None:
+    "Refuse (`ValueError` naming REF), before any cell trains, a reference that is no collection of `preset`: a damaged or empty results.csv, another preset's preset.json, no cell in common."
+    rows = read_table(SweepDir(reference).results, ("key",))  # names a damaged or foreign table
+    if not rows: raise ValueError(f"{reference}: its results.csv holds no cell (a collection has at least one)")
+    made = (read_json(SweepDir(reference).preset).get("preset") or {}) if SweepDir(reference).preset.is_file() else {"name": preset.name}
+    if not isinstance(made, dict) or made.get("name") != preset.name:
+        raise ValueError(f"{reference} is a collection of preset {made.get('name') if isinstance(made, dict) else made!r}, not {preset.name!r}")
+    if not {r["key"] for r in rows} & {s.key for s in plan(preset)}: raise ValueError(f"{reference} has no cell of preset {preset.name}: nothing to compare")
+
 # %% ../nbs/12b_repro.ipynb #f7d2cdf7
 def _checked_args(p: argparse.ArgumentParser, a: argparse.Namespace,  # `repro_parser()` (its error() exits with one line), what it parsed
                  ) -> tuple:                   # (the cluster's configuration, jobs, group size, the sweep's directory)
@@ -155,6 +172,9 @@ def _checked_args(p: argparse.ArgumentParser, a: argparse.Namespace,  # `repro_p
         try: earlier_cells(Path(a.earlier))
         except ValueError as e: p.error(f"--earlier {e}")
     if a.compare is not None and not SweepDir(a.compare).results.is_file(): p.error(f"--compare {a.compare}: no results.csv there (it must be a collected sweep)")
+    if a.compare is not None:
+        try: check_reference(Path(a.compare), _preset_of(a))
+        except ValueError as e: p.error(f"--compare {e}")
     if a.tensorboard is not None:
         if a.collect or cluster.executor != "pool": p.error("--tensorboard writes the events of the cells this invocation trains: it needs --executor pool and no --collect")
         if not a.tensorboard.strip(): p.error("--tensorboard must name a directory, got an empty string")

@@ -5,14 +5,17 @@
 # %% ../nbs/09a_runs.ipynb #b24378c8
 from __future__ import annotations
 
+import csv
 import errno
 import fcntl
 import importlib
+import io
 import json
 import math
 import os
 import re
 import shlex
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -35,12 +38,12 @@ from .tasks import Example, Task, Vocab, break_even_beta, check_task, make_split
 import basedirected.addition, basedirected.grid_pathfinding, basedirected.sorting  # noqa: F401
 
 # %% auto #0
-__all__ = ['BASE_CHECKPOINT_EVERY', 'LOADERS', 'RunDir', 'atomic_write_bytes', 'atomic_write_json', 'atomic_torch_save',
-           'load_checkpoint', 'read_json', 'trained_state', 'load_trained_state', 'file_lock', 'exclusive_run_dir',
-           'remove_temporaries', 'read_log', 'truncate_log', 'run_vocab', 'load_base', 'base_source', 'prepare_base',
-           'prepare_reference_scale', 'check_gate_record', 'prepare_gate', 'shared_surprisal', 'Run',
-           'read_reference_scale', 'write_run_record', 'write_command', 'check_writable', 'check_run_dir',
-           'RunInputError', 'check_sequence_lengths', 'prepare_run', 'load_run']
+__all__ = ['MAX_RECORD_BYTES', 'BASE_CHECKPOINT_EVERY', 'LOADERS', 'RunDir', 'atomic_write_bytes', 'atomic_write_json',
+           'atomic_torch_save', 'check_regular_file', 'load_checkpoint', 'read_json', 'read_table', 'trained_state',
+           'load_trained_state', 'file_lock', 'exclusive_run_dir', 'remove_temporaries', 'read_log', 'truncate_log',
+           'run_vocab', 'load_base', 'base_source', 'prepare_base', 'prepare_reference_scale', 'check_gate_record',
+           'prepare_gate', 'shared_surprisal', 'Run', 'read_reference_scale', 'write_run_record', 'write_command',
+           'check_writable', 'check_run_dir', 'RunInputError', 'check_sequence_lengths', 'prepare_run', 'load_run']
 
 # %% ../nbs/09a_runs.ipynb #7d7e3f85
 def _is_run_record(d: dict) -> bool: return isinstance(d.get("config"), dict) and isinstance(d.get("environment"), dict)
@@ -103,9 +106,21 @@ def atomic_torch_save(path: Path,  # the file to (re)place
         tmp.unlink(missing_ok=True)
 
 # %% ../nbs/09a_runs.ipynb #9fb8efed
+MAX_RECORD_BYTES = 64 * 2**20  # a JSON record or a table this package writes is far smaller: a larger one is no record of it
+
+def check_regular_file(path: Path,  # a file the package is about to read
+                      ) -> Path:
+    "`path`, refused (`ValueError`) where it is a device, a pipe or a socket (a read of /dev/zero never ends) or a folder; a missing file is left to the reader."
+    try: mode = os.stat(path).st_mode
+    except FileNotFoundError: return Path(path)
+    if stat.S_ISDIR(mode): raise ValueError(f"{path} is a directory, not a file; remove it or rerun with --force")
+    if not stat.S_ISREG(mode): raise ValueError(f"{path} is not a regular file (a device, pipe or socket, or a link to one): this package reads only the files it writes")
+    return Path(path)
+
 def load_checkpoint(path: Path,  # a checkpoint or base.pt
                    ) -> dict:
     "A checkpoint or base file (tensors and primitives only); `ValueError` names a file that cannot be read."
+    check_regular_file(path)
     try: return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError: raise
     except Exception as e: raise ValueError(f"{path} is not a readable checkpoint ({type(e).__name__}); delete it or rerun with --force") from None
@@ -113,12 +128,35 @@ def load_checkpoint(path: Path,  # a checkpoint or base.pt
 def read_json(path: Path,  # a JSON file the package wrote
              ) -> dict:
     "A JSON object of the run (every file the package writes holds one); `ValueError` names a file that cannot be read or holds something else."
+    check_regular_file(path)
+    if Path(path).is_file() and Path(path).stat().st_size > MAX_RECORD_BYTES:
+        raise ValueError(f"{path} is larger than {MAX_RECORD_BYTES // 2**20} MiB, more than any record this package writes; delete it or rerun with --force")
     try: d = json.loads(Path(path).read_text())
     except FileNotFoundError: raise
     except IsADirectoryError: raise ValueError(f"{path} is a directory, not a file; remove it or rerun with --force") from None
     except (json.JSONDecodeError, UnicodeDecodeError): raise ValueError(f"{path} is not valid JSON; delete it or rerun with --force") from None
+    except RecursionError: raise ValueError(f"{path} nests deeper than any record this package writes; delete it or rerun with --force") from None
     if not isinstance(d, dict): raise ValueError(f"{path} holds a JSON {type(d).__name__}, not the object this package writes; delete it or rerun with --force")
     return d
+
+# %% ../nbs/09a_runs.ipynb #38a7722d
+def read_table(path: Path,                 # a CSV table the package wrote (results.csv, curves.csv, positions.csv)
+               columns: tuple[str, ...] = (),  # the columns it must have
+              ) -> list[dict]:             # its rows, each a dict of strings by column
+    "The rows of a table; `ValueError` names a file that is no table of this package: a special file, one past `MAX_RECORD_BYTES`, a NUL byte, a field past csv's limit, a row longer or shorter than its header, a required column missing."
+    path = check_regular_file(path)
+    if not path.is_file(): raise FileNotFoundError(f"{path} not found")
+    if path.stat().st_size > MAX_RECORD_BYTES: raise ValueError(f"{path} is larger than {MAX_RECORD_BYTES // 2**20} MiB, more than any table this package writes")
+    data = path.read_bytes()
+    if b"\0" in data: raise ValueError(f"{path} holds a NUL byte: not a table this package writes")
+    try: rows = [r for r in csv.reader(io.StringIO(data.decode("utf-8"), newline="")) if r]
+    except (UnicodeDecodeError, csv.Error) as e: raise ValueError(f"{path} is not a table this package writes ({type(e).__name__}: {e})") from None
+    if not rows: return []
+    header, body = rows[0], rows[1:]
+    if missing := [c for c in columns if c not in header]: raise ValueError(f"{path} has no column {', '.join(map(repr, missing))}: not a table this package writes")
+    for i, r in enumerate(body):
+        if len(r) != len(header): raise ValueError(f"{path}: row {i + 1} has {len(r)} fields and the header {len(header)}: the table is damaged")
+    return [dict(zip(header, r)) for r in body]
 
 # %% ../nbs/09a_runs.ipynb #45f8e298
 def trained_state(model: nn.Module,  # a CVAE
@@ -198,13 +236,13 @@ def remove_temporaries(directory: Path,  # a run directory (or a shared base's)
 def read_log(path: Path,  # a log.jsonl
             ) -> list[dict]:
     "The records of a `log.jsonl`; an incomplete last line (a kill mid-write) is dropped, a corrupt line elsewhere is an error."
-    path = Path(path)
+    path = check_regular_file(path)
     lines = path.read_bytes().splitlines() if path.exists() else []
     out = []
     for i, line in enumerate(lines):
         if not line.strip(): continue
         try: record = json.loads(line.decode())
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             if i == len(lines) - 1: break
             raise ValueError(f"{path} line {i + 1} is not valid JSON; the log is damaged (delete the run or rerun with --force)") from None
         if not isinstance(record, dict) or not isinstance(record.get("step"), int):

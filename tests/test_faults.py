@@ -1009,7 +1009,7 @@ def test_repro_refuses_a_pattern_that_overflows_and_an_earlier_collection_it_can
     assert code == 2 and len(err) == 1 and "no base_gates.json there" in err[0]
     (earlier / "base_gates.json").write_text("{}"); (earlier / "results.csv").write_text("rate\n1\n")
     code, err = _repro(["--preset", "smoke", "--out", str(tmp_path / "o"), "--earlier", str(earlier)], capsys)
-    assert code == 2 and len(err) == 1 and "results.csv has no 'key' column" in err[0]
+    assert code == 2 and len(err) == 1 and "results.csv has no column 'key'" in err[0]
     (earlier / "results.csv").write_bytes(b"key\n\xff\xfe\n")
     code, err = _repro(["--preset", "smoke", "--out", str(tmp_path / "o"), "--earlier", str(earlier)], capsys)
     assert code == 2 and len(err) == 1 and "results.csv is not UTF-8 text" in err[0]
