@@ -130,12 +130,17 @@ def check_reference(reference: Path,  # --compare's REF
                     preset,           # the preset of the collection it is compared with
                    ) -> None:
     "Refuse (`ValueError` naming REF), before any cell trains, a reference that is no collection of `preset`: a damaged or empty results.csv, another preset's preset.json, no cell in common."
+    if not SweepDir(reference).results.is_file(): raise ValueError(f"{reference}: no results.csv there (it must be a collected sweep)")
     rows = read_table(SweepDir(reference).results, ("key",))  # names a damaged or foreign table
     if not rows: raise ValueError(f"{reference}: its results.csv holds no cell (a collection has at least one)")
     made = (read_json(SweepDir(reference).preset).get("preset") or {}) if SweepDir(reference).preset.is_file() else {"name": preset.name}
     if not isinstance(made, dict) or made.get("name") != preset.name:
         raise ValueError(f"{reference} is a collection of preset {made.get('name') if isinstance(made, dict) else made!r}, not {preset.name!r}")
     if not {r["key"] for r in rows} & {s.key for s in plan(preset)}: raise ValueError(f"{reference} has no cell of preset {preset.name}: nothing to compare")
+
+def _checked_reference(p: argparse.ArgumentParser, a: argparse.Namespace):
+    try: check_reference(Path(a.compare), _preset_of(a))
+    except ValueError as e: p.error(f"--compare {e}")
 
 # %% ../nbs/12b_repro.ipynb #f7d2cdf7
 def _checked_args(p: argparse.ArgumentParser, a: argparse.Namespace,  # `repro_parser()` (its error() exits with one line), what it parsed
@@ -171,10 +176,7 @@ def _checked_args(p: argparse.ArgumentParser, a: argparse.Namespace,  # `repro_p
     if a.earlier is not None:
         try: earlier_cells(Path(a.earlier))
         except ValueError as e: p.error(f"--earlier {e}")
-    if a.compare is not None and not SweepDir(a.compare).results.is_file(): p.error(f"--compare {a.compare}: no results.csv there (it must be a collected sweep)")
-    if a.compare is not None:
-        try: check_reference(Path(a.compare), _preset_of(a))
-        except ValueError as e: p.error(f"--compare {e}")
+    if a.compare is not None: _checked_reference(p, a)
     if a.tensorboard is not None:
         if a.collect or cluster.executor != "pool": p.error("--tensorboard writes the events of the cells this invocation trains: it needs --executor pool and no --collect")
         if not a.tensorboard.strip(): p.error("--tensorboard must name a directory, got an empty string")

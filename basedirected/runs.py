@@ -150,7 +150,8 @@ def read_table(path: Path,                 # a CSV table the package wrote (resu
     data = path.read_bytes()
     if b"\0" in data: raise ValueError(f"{path} holds a NUL byte: not a table this package writes")
     try: rows = [r for r in csv.reader(io.StringIO(data.decode("utf-8"), newline="")) if r]
-    except (UnicodeDecodeError, csv.Error) as e: raise ValueError(f"{path} is not a table this package writes ({type(e).__name__}: {e})") from None
+    except UnicodeDecodeError: raise ValueError(f"{path} is not UTF-8 text: not a table this package writes") from None
+    except csv.Error as e: raise ValueError(f"{path} is not a table this package writes ({e})") from None
     if not rows: return []
     header, body = rows[0], rows[1:]
     if missing := [c for c in columns if c not in header]: raise ValueError(f"{path} has no column {', '.join(map(repr, missing))}: not a table this package writes")

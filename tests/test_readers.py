@@ -40,7 +40,7 @@ def test_a_log_linked_to_a_device_is_refused(tmp_path):
 
 @pytest.mark.parametrize("text, message", [("key,rate\na,1,2\n", "row 1 has 3 fields"), ("key,rate\na\n", "row 1 has 1 fields"), ("rate\n1\n", "no column 'key'"),
                                            ("key\n\0\n", "NUL byte"), ("key\n" + "y" * 200_000 + "\n", "field larger than field limit"),
-                                           (b"key\n\xff\xfe\n", "UnicodeDecodeError")])
+                                           (b"key\n\xff\xfe\n", "not UTF-8 text")])
 def test_a_damaged_results_table_is_refused_by_name(tmp_path, text, message):
     p = tmp_path / "results.csv"
     p.write_bytes(text if isinstance(text, bytes) else text.encode())
