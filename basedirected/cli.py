@@ -39,6 +39,8 @@ def _checked(a: argparse.Namespace, world: int):
     "The configuration and the training function of the command, every input checked (`ValueError` names what is wrong); the run directory held."
     if not a.run_dir.strip(): raise ValueError("--run-dir must name a directory, got an empty string")
     if a.stop_after is not None and a.stop_after < 1: raise ValueError(f"--stop-after must be >= 1, got {a.stop_after}")
+    if a.no_metrics and (idle := [f for f, v in (("--n-routed", a.n_routed), ("--n-forced", a.n_forced)) if v is not None]):
+        raise ValueError(f"{' and '.join(idle)} size the metrics: with --no-metrics they have no effect; drop them")
     if a.tensorboard is not None:  # checked before any work, not when training starts
         if importlib.util.find_spec("tensorboard") is None: raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard")
         if not a.tensorboard.strip(): raise ValueError("--tensorboard must name a directory, got an empty string")

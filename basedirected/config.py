@@ -34,13 +34,14 @@ __all__ = ['LR_SCHEDULES', 'MAX_LR', 'MAX_KL_WEIGHT', 'LR_WHY', 'KL_WEIGHT_WHY',
            'BASE_CHOICES', 'DEFAULT_RUN', 'COUNT', 'SAMPLES', 'WIDTH', 'DEPTH', 'DRAWS', 'THREADS', 'SCALE', 'SEED',
            'LEARNING_RATE', 'KL_WEIGHT', 'TERM_WEIGHT', 'GAMMA', 'CODE_NOISE', 'CODES', 'NATS', 'BACKBONES',
            'RUN_OPTIONS', 'TASK_OPTIONS', 'HF_OPTIONS', 'OBJECTIVE_OPTIONS', 'TRAINING_OPTIONS', 'OPTIONS',
-           'TrainConfig', 'objective_mismatch', 'check_objective_name', 'MetricsConfig', 'check_run_config',
-           'RunConfig', 'AdaptConfig', 'HFRunConfig', 'rename_fields', 'apply_overrides', 'recipe_overrides',
-           'objective_training', 'pretrained_overrides', 'default_changes', 'resolve_config', 'resolve_hf_config',
-           'field_comments', 'add_dataclass_options', 'dataclass_from_args', 'Ceiling', 'Coordinate', 'Option',
-           'option_ceiling', 'check_option_value', 'option_help', 'OneLineParser', 'build_parser', 'coordinates',
-           'coordinate_name', 'coordinate_key', 'coordinate_record', 'coordinate_label', 'task_coordinates',
-           'base_choice', 'config_from_args', 'hf_config_from_args', 'command_argv']
+           'WITHOUT_EFFECT', 'TrainConfig', 'objective_mismatch', 'check_objective_name', 'MetricsConfig',
+           'check_run_config', 'RunConfig', 'AdaptConfig', 'HFRunConfig', 'rename_fields', 'apply_overrides',
+           'recipe_overrides', 'objective_training', 'pretrained_overrides', 'default_changes', 'resolve_config',
+           'resolve_hf_config', 'field_comments', 'add_dataclass_options', 'dataclass_from_args', 'Ceiling',
+           'Coordinate', 'Option', 'option_ceiling', 'check_option_value', 'option_help', 'OneLineParser',
+           'build_parser', 'coordinates', 'coordinate_name', 'coordinate_key', 'coordinate_record', 'coordinate_label',
+           'task_coordinates', 'refuse_without_effect', 'base_choice', 'config_from_args', 'hf_config_from_args',
+           'command_argv']
 
 # %% ../nbs/09_config.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
@@ -419,9 +420,13 @@ def resolve_config(task: Task | str | None = None,       # a task, or a register
             raise ValueError(f"{', '.join(['base'] * (base is not None) + sorted(task_fields))}: a run on a backbone adapts that backbone; these belong to the small transformer's runs")
         return _original_switch(resolve_hf_config(backbone, data, eval_data, task, regime, objective, overrides, alpha, gamma, names), normalize_reconstruction_loss)
     if data is not None or eval_data is not None: raise ValueError("data and eval_data are the JSONL of a run on a Hugging Face backbone: give backbone too")
-    if task is None: task = DEFAULT_TASK
+    if base is None and task is None: task = DEFAULT_TASK
     if base is not None:  # the shipped base's recipe, beneath whatever the caller changes (a change it was not trained for is refused when the run starts)
         shipped = check_pretrained(base)
+        own = shipped.key["task"]["name"]
+        if (task is not None and (task.name if isinstance(task, Task) else task) != own) or regime is not None or task_fields:
+            given = [f"task {task.name if isinstance(task, Task) else task!r}"] * (task is not None) + [f"regime {regime!r}"] * (regime is not None) + sorted(task_fields)
+            raise ValueError(f"base {base} brings its own task ({own}, as it was trained); {', '.join(given)} cannot be given with it")
         task, overrides = task_from_dict(shipped.key["task"]), {**pretrained_overrides(shipped.key), **(overrides or {})}
     if {"train.tau", "train.beta.beta"} <= set(overrides or {}): raise ValueError("train.tau and train.beta.beta both set the KL weight; give only one")
     t = task if isinstance(task, Task) else make_task(task, regime, **task_fields)
@@ -867,6 +872,21 @@ def _given(a: argparse.Namespace, backbone: str) -> dict[str, tuple[object, str]
             if o.path and (v := getattr(a, o.dest)) is not None and v is not False}  # a switch not given sets nothing
 
 # %% ../nbs/09_config.ipynb #dc9076ca
+WITHOUT_EFFECT = (  # (path, when its option changes nothing in the resolved configuration, why): given there, it is refused
+    ("cvae.latent_dim", lambda c: c.cvae.latent == "discrete", "a discrete latent has K codes, no dimension"),
+    ("train.beta.period", lambda c: c.train.beta.kind != "cyclical", "only the cyclical schedule has a period"),
+    ("train.beta.warmup_steps", lambda c: c.train.beta.kind not in ("linear", "zero_then_linear"), "only the linear schedules ramp"),
+    ("train.beta.zero_steps", lambda c: c.train.beta.kind != "zero_then_linear", "only zero_then_linear holds beta at zero first"),
+    ("train.lr_min_ratio", lambda c: c.train.lr_schedule != "cosine", "only the cosine schedule decays to it"),
+)
+
+def refuse_without_effect(given: dict,  # path -> (value, flag) of the options given (`_given`)
+                          config,       # the configuration they resolved to
+                         ) -> None:
+    "Refuse (`ValueError` naming the option) an option given where it changes nothing: a run would record a value it never used."
+    for path, idle, why in WITHOUT_EFFECT:
+        if path in given and idle(config): raise ValueError(f"{given[path][1]} has no effect here ({why}); drop it")
+
 def base_choice(a: argparse.Namespace,  # what `build_parser` parsed
                ) -> str:                 # 'auto', 'train' or a shipped base's name (`prepare_run`'s base)
     "Where the run's base comes from: --base, or 'train' for --train-base (refused beside another --base)."
@@ -887,6 +907,7 @@ def config_from_args(a: argparse.Namespace,  # what `build_parser` parsed
                               normalize_reconstruction_loss=a.normalize_reconstruction_loss, **fields)
     except ValueError as e: raise ValueError(_as_flags(str(e))) from None
     if "cvae.coupling_reader" in given and not cfg.cvae.coupling: raise ValueError("--coupling-reader is the coupling term's classifier: it needs --coupling > 0")
+    refuse_without_effect(given, cfg)
     return cfg
 
 # %% ../nbs/09_config.ipynb #0fdacb39
@@ -896,10 +917,12 @@ def hf_config_from_args(a: argparse.Namespace,  # what `build_parser` parsed, wi
     given = _given(a, "hf")
     if a.data is None: raise ValueError("--backbone needs --data, the training JSONL")
     paths = ("backbone", "data", "eval_data")
-    try: return resolve_config(a.task, a.objective, {k: v for k, (v, _) in given.items() if k not in paths}, a.alpha, a.gamma, a.regime,
-                               names={k: flag for k, (_, flag) in given.items()}, backbone=a.backbone, data=a.data, eval_data=a.eval_data,
-                               normalize_reconstruction_loss=a.normalize_reconstruction_loss)
+    try: cfg = resolve_config(a.task, a.objective, {k: v for k, (v, _) in given.items() if k not in paths}, a.alpha, a.gamma, a.regime,
+                              names={k: flag for k, (_, flag) in given.items()}, backbone=a.backbone, data=a.data, eval_data=a.eval_data,
+                              normalize_reconstruction_loss=a.normalize_reconstruction_loss)
     except ValueError as e: raise ValueError(_as_flags(str(e))) from None
+    refuse_without_effect(given, cfg)
+    return cfg
 
 # %% ../nbs/09_config.ipynb #3da3404e
 def command_argv(task: str,                   # a registered task name or module:Class

@@ -34,3 +34,16 @@ def test_the_api_meets_the_same_ceiling(path, value):
 def test_weight_decay_and_the_learning_rate_together_stay_below_one():
     with pytest.raises(ValueError, match=r"lr \* weight_decay must be < 1"): resolve_config("sorting", "theta", {"train.lr": 10.0, "train.weight_decay": 0.5})
     assert resolve_config("sorting", "theta", {"train.weight_decay": 0.1}).train.weight_decay == 0.1
+
+
+@pytest.mark.parametrize("argv, message", [(["--no-metrics", "--n-routed", "5"], "--n-routed size the metrics: with --no-metrics they have no effect"),
+                                           (["--no-metrics", "--n-routed", "5", "--n-forced", "3"], "--n-routed and --n-forced size the metrics"),
+                                           (["--latent-dim", "8"], "--latent-dim has no effect here"),
+                                           (["--beta-warmup-steps", "10", "--beta", "0.1"], "--beta-warmup-steps has no effect here (only the linear schedules ramp)"),
+                                           (["--beta-zero-steps", "10", "--beta-schedule", "linear", "--beta", "0.1"], "--beta-zero-steps has no effect here")])
+def test_an_option_without_effect_is_refused_before_anything_is_written(tmp_path, capsys, argv, message):
+    from basedirected.cli import train_main
+    with pytest.raises(SystemExit) as e: train_main(["--run-dir", str(tmp_path / "run"), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "run").exists()
