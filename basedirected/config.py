@@ -191,6 +191,8 @@ def check_run_config(c):  # the RunConfig being built (its class is defined belo
     if c.cvae.coupling > 0 and (c.train.tau == 0 or (c.train.tau is None and c.train.beta.beta == 0)):
         raise ValueError("coupling weighs its term by coupling x beta: with a KL weight of 0 the term does nothing (give a beta or tau > 0, or drop coupling)")
     if c.cvae.latent == "discrete" and c.cvae.K > 64: raise ValueError(f"K must be <= 64, got {c.cvae.K}")
+    # a value the run cannot use is refused, not capped while the record keeps the value asked for
+    if c.train.batch_size > c.n_train: raise ValueError(f"batch_size {c.train.batch_size} exceeds the {c.n_train} training examples (n_train): a step cannot draw it")
 
 # %% ../nbs/09_config.ipynb #9b8ef842
 @dataclass(frozen=True)

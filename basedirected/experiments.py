@@ -730,7 +730,7 @@ def pack_memory_gib(configs: list[RunConfig],  # the runs of one pack (trained a
 class DevicePlacer:
     "Memory left on each device: a pack takes its estimate where it fits (the emptiest device first) and gives it back when it ends."
     def __init__(self, budgets_gib: list[float]):  # what each device may hold, GiB
-        if not budgets_gib or min(budgets_gib) <= 0: raise ValueError(f"every device needs a positive memory budget, got {budgets_gib}")
+        if not budgets_gib or not all(math.isfinite(b) and b > 0 for b in budgets_gib): raise ValueError(f"every device needs a finite positive memory budget, got {budgets_gib}")
         self.free = list(map(float, budgets_gib))
     def take(self, need: float) -> int | None:
         "The device that now holds `need` more GiB, or None where none has room."

@@ -47,3 +47,15 @@ def test_an_option_without_effect_is_refused_before_anything_is_written(tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and message in err[0], err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("argv, message", [(["--batch-size", "500", "--n-train", "300"], "--batch-size 500 exceeds the 300 training examples")])
+def test_a_value_the_run_would_cap_is_refused_not_recorded(argv, message):
+    from basedirected.config import config_from_args
+    with pytest.raises(ValueError, match=message): config_from_args(build_parser().parse_args(argv))
+
+
+@pytest.mark.parametrize("budgets", [[math.nan], [math.inf], [1.0, -1.0], []])
+def test_a_device_budget_must_be_finite_and_positive(budgets):
+    from basedirected.experiments import DevicePlacer
+    with pytest.raises(ValueError, match="finite positive memory budget"): DevicePlacer(budgets)

@@ -53,20 +53,20 @@ with contextlib.redirect_stderr(err):
 """
 
 
-@pytest.mark.parametrize("module", ["planted_tasks", "this"])
-def test_a_module_named_by_a_record_never_runs(tmp_path, module):
-    "A module planted beside the run directories and inside them, named by their records: load_run and export, run from each folder, refuse by name, and its top-level code never runs."
+def test_a_module_named_by_a_record_never_runs(tmp_path):
+    "Modules planted beside the run directories and inside them, named by their records ('this', the standard library's, and one of the user's): load_run, export and a resume, run from beside and from inside, refuse by name, and no module's top-level code runs."
     marker, run, hf_run = tmp_path / "ran.txt", tmp_path / "run", tmp_path / "hf-run"
-    _tiny_run_record(run, module); _hf_run_record(hf_run, module)
-    for d in (tmp_path, run, hf_run): _plant(d, module, marker)
-    for cwd in (tmp_path, run, hf_run):
+    _tiny_run_record(run, "this"); _hf_run_record(hf_run, "planted_tasks")
+    for d in (tmp_path, run, hf_run):
+        for module in ("this", "planted_tasks"): _plant(d, module, marker)
+    for cwd in (tmp_path, run):
         r = _python(READ_ALL, cwd, run, hf_run, tmp_path / "out")
         assert r.returncode == 0, r.stderr[-2000:]
         lines = r.stdout.splitlines()
         assert [l.split(":")[0] for l in lines[:2]] == ["refused", "refused"] and all("a record never imports code" in l for l in lines), r.stdout
         assert lines[2].startswith("export exit 2 lines 1 basedirected-export: error:"), lines[2]
         assert not marker.exists() and not (tmp_path / "out").exists() and "Zen of Python" not in r.stdout
-    for cwd in (tmp_path, run):  # a resume takes its task from its own command line: the record's name is compared, never imported
+        # a resume takes its task from its own command line: the record's name is compared, never imported
         r = subprocess.run(["basedirected-train", "--run-dir", str(run), "--quiet"], capture_output=True, text=True, cwd=cwd, timeout=300)
         assert r.returncode == 2 and "holds a run with a different configuration" in r.stderr and not marker.exists(), r.stderr
 
