@@ -180,8 +180,13 @@ def load_backbone(path,                      # a directory written by `save_pret
     path = Path(path)
     if not path.is_dir(): raise ValueError(f"backbone {path} is not a directory (expected a model saved with save_pretrained)")
     if not (path / "config.json").exists(): raise ValueError(f"backbone {path} has no config.json: not a saved Hugging Face model")
-    tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **({"dtype": dtype} if dtype else {}))
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **({"dtype": dtype} if dtype else {}))
+    except (KeyboardInterrupt, MemoryError): raise
+    except Exception as e:  # a damaged weights or tokenizer file: transformers' own traceback runs to forty lines
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise ValueError(f"backbone {path} cannot be loaded ({type(e).__name__}: {first}); is it a complete save_pretrained directory?") from None
     vocab = HFVocab(tok, n_latent)
     init_new_embeddings(model, vocab.added_ids, vocab.n_known)
     return HFCausalLM(model, vocab), vocab

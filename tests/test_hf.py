@@ -237,6 +237,18 @@ def test_a_backbone_without_tokenizer_files_weights_or_a_readable_config_is_refu
         assert not (tmp_path / f"run-{name}").exists()
 
 
+@pytest.mark.parametrize("damage", ["cut", "garbage"])
+def test_a_backbone_whose_weights_cannot_be_read_is_one_line(data, tmp_path, capsys, damage):
+    "A damaged model.safetensors: transformers' own forty-line traceback becomes one line naming the backbone."
+    d, _, _ = data
+    shutil.copytree(d / "gpt2", tmp_path / "b")
+    w = tmp_path / "b" / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2] if damage == "cut" else b"\x00not weights" * 64)
+    argv = _args(d, tmp_path / "run"); argv[1] = str(tmp_path / "b")
+    code, line = _refused(argv, capsys)
+    assert code == 2 and "cannot be loaded" in line and str(tmp_path / "b") in line, line
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--task", "visiting_order", "--regime", "bogus"], "--regime bogus is not a preset of task visiting_order"),
     (["--task", "sorting"], "are valid sorting traces; is the data exported from that task?"),
