@@ -33,7 +33,7 @@ def _safe_force(rd: RunDir):
     if not rd.path.is_dir(): return
     if any(rd.path.iterdir()) and not rd.is_run():
         raise ValueError(f"--force: {rd.path} is not a run directory (no config.json written by this package); nothing was deleted")
-    for f in rd.files(): f.unlink(missing_ok=True)
+    rd.clear()
 
 def _checked(a: argparse.Namespace, world: int):
     "The configuration and the training function of the command, every input checked (`ValueError` names what is wrong); the run directory held."
@@ -52,7 +52,7 @@ def _checked(a: argparse.Namespace, world: int):
         config = hf_config_from_args(a)
         hf.check_hf_inputs(config, world)
         train = lambda: hf.hf_run(a.run_dir, config, a.device, a.stop_after, progress=not a.quiet, metrics=not a.no_metrics,
-                                  resume_without_log=a.resume_without_log, tensorboard=a.tensorboard)
+                                  resume_without_log=a.resume_without_log, tensorboard=a.tensorboard, require_gate=not a.allow_failed_base)
     else:
         config = config_from_args(a)
         base = base_choice(a)

@@ -30,18 +30,18 @@ from .visiting_order import REGIMES, VisitingOrder
 import basedirected.addition, basedirected.grid_pathfinding, basedirected.sorting  # noqa: F401
 
 # %% auto #0
-__all__ = ['LR_SCHEDULES', 'MAX_LR', 'MAX_KL_WEIGHT', 'LR_WHY', 'KL_WEIGHT_WHY', 'ADAPT_MODES', 'OPTIMIZERS', 'DEFAULT_TASK',
-           'BASE_CHOICES', 'DEFAULT_RUN', 'COUNT', 'SAMPLES', 'WIDTH', 'DEPTH', 'DRAWS', 'THREADS', 'SCALE', 'SEED',
-           'LEARNING_RATE', 'KL_WEIGHT', 'TERM_WEIGHT', 'GAMMA', 'CODE_NOISE', 'CODES', 'NATS', 'BACKBONES',
-           'RUN_OPTIONS', 'TASK_OPTIONS', 'HF_OPTIONS', 'OBJECTIVE_OPTIONS', 'TRAINING_OPTIONS', 'OPTIONS',
-           'WITHOUT_EFFECT', 'TrainConfig', 'objective_mismatch', 'check_objective_name', 'MetricsConfig',
-           'check_run_config', 'RunConfig', 'AdaptConfig', 'HFRunConfig', 'rename_fields', 'apply_overrides',
-           'recipe_overrides', 'objective_training', 'pretrained_overrides', 'default_changes', 'resolve_config',
-           'resolve_hf_config', 'field_comments', 'add_dataclass_options', 'dataclass_from_args', 'Ceiling',
-           'Coordinate', 'Option', 'option_ceiling', 'check_option_value', 'option_help', 'OneLineParser',
-           'build_parser', 'coordinates', 'coordinate_name', 'coordinate_key', 'coordinate_record', 'coordinate_label',
-           'task_coordinates', 'refuse_without_effect', 'base_choice', 'config_from_args', 'hf_config_from_args',
-           'command_argv']
+__all__ = ['LR_SCHEDULES', 'MAX_LR', 'MAX_KL_WEIGHT', 'LR_WHY', 'KL_WEIGHT_WHY', 'ADAPT_MODES', 'OPTIMIZERS', 'FINE_TUNE_MODES',
+           'FINE_TUNE_STEPS', 'DEFAULT_TASK', 'BASE_CHOICES', 'DEFAULT_RUN', 'COUNT', 'SAMPLES', 'WIDTH', 'DEPTH',
+           'DRAWS', 'THREADS', 'SCALE', 'SEED', 'LEARNING_RATE', 'KL_WEIGHT', 'TERM_WEIGHT', 'GAMMA', 'CODE_NOISE',
+           'CODES', 'NATS', 'BACKBONES', 'RUN_OPTIONS', 'TASK_OPTIONS', 'HF_OPTIONS', 'OBJECTIVE_OPTIONS',
+           'TRAINING_OPTIONS', 'OPTIONS', 'WITHOUT_EFFECT', 'TrainConfig', 'objective_mismatch', 'check_objective_name',
+           'MetricsConfig', 'check_run_config', 'RunConfig', 'AdaptConfig', 'FineTuneConfig', 'HFRunConfig',
+           'rename_fields', 'apply_overrides', 'recipe_overrides', 'objective_training', 'pretrained_overrides',
+           'default_changes', 'resolve_config', 'resolve_hf_config', 'field_comments', 'add_dataclass_options',
+           'dataclass_from_args', 'Ceiling', 'Coordinate', 'Option', 'option_ceiling', 'check_option_value',
+           'option_help', 'OneLineParser', 'build_parser', 'coordinates', 'coordinate_name', 'coordinate_key',
+           'coordinate_record', 'coordinate_label', 'task_coordinates', 'refuse_without_effect', 'base_choice',
+           'config_from_args', 'hf_config_from_args', 'command_argv']
 
 # %% ../nbs/09_config.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
@@ -256,13 +256,37 @@ class AdaptConfig:
         return peft.LoraConfig(r=self.lora_rank, lora_alpha=self.lora_alpha, target_modules=targets, lora_dropout=0.0)
     def to_dict(self): return asdict(self)
 
+FINE_TUNE_MODES = ("full", "lora")
+FINE_TUNE_STEPS = 1000  # the fine-tuning steps of a base on the task's own data where none are given: a starting point, the gate says whether it sufficed
+
+@dataclass(frozen=True)
+class FineTuneConfig:
+    "The base $p_\\theta$ of a run on a backbone: the backbone fine-tuned z-free on the training split, as the small transformer is pre-trained."
+    steps: int = 0                     # fine-tuning steps of the base on the training split (0: the backbone as it is is the base)
+    mode: str = "full"                 # what fine-tunes: 'full' (every weight) or 'lora' (adapters of the run's --lora-rank and --lora-targets,
+                                       # and the layout's token rows; merged into the saved base)
+    batch_size: int = 16               # examples per fine-tuning step
+    lr: float = 1e-3                   # peak learning rate of the fine-tuning (one-cycle)
+    null_block_fraction: float = 0.5   # share of each fine-tuning batch laid out with <z> <znull> </z>, the layout the reference scores
+    checkpoint_every: int = 100        # fine-tuning steps between two resumable states (what a kill can lose)
+    def __post_init__(self):
+        if self.mode not in FINE_TUNE_MODES: raise ValueError(f"fine_tune.mode must be one of {', '.join(FINE_TUNE_MODES)}, got {self.mode!r}")
+        if self.steps < 0: raise ValueError(f"fine_tune.steps must be >= 0, got {self.steps}")
+        for name in ("batch_size", "checkpoint_every"):
+            if getattr(self, name) < 1: raise ValueError(f"fine_tune.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0: raise ValueError(f"fine_tune.lr must be > 0, got {self.lr}")
+        if not 0 <= self.null_block_fraction <= 1: raise ValueError(f"fine_tune.null_block_fraction must lie in [0, 1], got {self.null_block_fraction}")
+    def to_dict(self): return asdict(self)
+
+
 # %% ../nbs/09_config.ipynb #45c1a6f0
 @dataclass(frozen=True)
 class HFRunConfig:
     "Everything that determines a run on a Hugging Face backbone (the number of processes does not)."
     backbone: str                           # directory of a causal LM and its tokenizer (save_pretrained); nothing is downloaded
-    data: str                               # training JSONL: prompt, response, optional strategy and answer
-    eval_data: str | None = None            # held-out JSONL (None: the first n_eval training records)
+    data: str | None = None                 # training JSONL: prompt, response, optional strategy and answer (None: the task's own examples,
+                                            # drawn from seed and written into the run directory)
+    eval_data: str | None = None            # held-out JSONL (None: the first n_eval training records; with the task's own data, unseen inputs)
     seed: int = 0                           # seed of the code noise, the LoRA initialization, the batches and the c_theta samples
     adapt: AdaptConfig = AdaptConfig()
     cvae: CVAEConfig = CVAEConfig()
@@ -276,6 +300,8 @@ class HFRunConfig:
     task: str | None = None                 # a synthetic task whose checker reads the generations (its exported JSONL), or None
     regime: str | None = None               # the task's preset
     metrics: MetricsConfig = MetricsConfig()  # responses the generation metrics sample (with a task)
+    n_train: int = 2048                     # training examples drawn from the task where data is None
+    fine_tune: FineTuneConfig = FineTuneConfig()  # the base: the backbone fine-tuned on the training split, then gated (steps 0: the backbone itself)
 
     def __post_init__(self):
         if self.objective not in OBJECTIVE_NAMES + ("custom",): raise ValueError(f"objective must be one of {', '.join(OBJECTIVE_NAMES)} or custom, got {self.objective!r}")
@@ -288,6 +314,10 @@ class HFRunConfig:
         if self.task is not None: task_class(self.task, imports=False)  # registered, or module:Class already imported: a record never imports code
         if self.regime is not None and self.task is None: raise ValueError("regime needs a task")
         if self.train.tau is not None: raise ValueError("tau needs a synthetic task's break-even beta*; give beta on a Hugging Face backbone")
+        if self.data is None and self.task is None: raise ValueError("data is None: the task's own examples are drawn, and no task is given (give data or task)")
+        if self.data is None and self.eval_data is not None: raise ValueError("eval_data needs data: with the task's own examples the held-out split is drawn too")
+        if self.fine_tune.steps and self.task is None: raise ValueError("fine_tune.steps needs a task: the fine-tuned base is gated by the task's checker")
+        if self.n_train < 1: raise ValueError(f"n_train must be >= 1, got {self.n_train}")
 
     def to_dict(self) -> dict: return {**asdict(self), "cvae": self.cvae.to_dict(), "train": self.train.to_dict()}
     @classmethod
@@ -296,7 +326,8 @@ class HFRunConfig:
         train = dict(d["train"]); train["beta"] = BetaSchedule(**train["beta"])
         return cls(**{**d, "adapt": AdaptConfig(**d["adapt"]), "cvae": CVAEConfig(**d["cvae"]),
                       "loss": ReconstructionLossConfig(**d["loss"]), "train": TrainConfig(**train),
-                      "metrics": MetricsConfig(**d.get("metrics", {}))})
+                      "metrics": MetricsConfig(**d.get("metrics", {})),
+                      "fine_tune": FineTuneConfig(**d.get("fine_tune", {}))})
 
 # %% ../nbs/09_config.ipynb #c80f3319
 def _row_at(path: str):
@@ -452,7 +483,7 @@ def _original_switch(cfg, normalize: bool):
 
 # %% ../nbs/09_config.ipynb #581ebe4e
 def resolve_hf_config(backbone: str,                         # a Hugging Face causal LM's directory (save_pretrained); nothing is downloaded
-                      data: str | None,                      # its training JSONL
+                      data: str | None,                      # its training JSONL (None: the task's own examples, and a base fine-tuned on them)
                       eval_data: str | None = None,          # its held-out JSONL (None: the first n_eval training records)
                       task: str | None = None,               # a registered task whose checker reads the generations, or None
                       regime: str | None = None,             # the task's preset
@@ -462,13 +493,14 @@ def resolve_hf_config(backbone: str,                         # a Hugging Face ca
                       names: dict[str, str] | None = None,   # dotted path -> the caller's name for it, in error messages
                      ) -> HFRunConfig:
     "A run on a Hugging Face backbone, resolved as `resolve_config` resolves the small transformer's: the objective's loss and KL treatment over the run's steps, then `overrides`; the paths made absolute."
-    if data is None: raise ValueError("backbone needs data, the training JSONL")
+    if data is None and task is None: raise ValueError("backbone needs data (the training JSONL) or a task (whose own examples it draws)")
     if task is not None and not isinstance(task, str):
         raise ValueError(f"task must name a registered task on a backbone (its checker reads the generations), got a {type(task).__name__}")
     if task is not None: task_class(task)  # named by the caller: its module is imported here, never from a record
     overrides = dict(overrides or {})
     if clash := sorted({"backbone", "data", "eval_data"} & set(overrides)): raise ValueError(f"give {', '.join(clash)} as arguments, not as overrides")
     paths = {k: str(Path(v).resolve()) for k, v in (("backbone", backbone), ("data", data), ("eval_data", eval_data)) if v is not None}
+    if data is None: overrides.setdefault("fine_tune.steps", FINE_TUNE_STEPS)  # an LM that never saw the task is no base for it
     custom = any(k.startswith("loss.lambda_") for k in overrides)
     loss, train = objective_training(objective, overrides.get("train.steps", TrainConfig().steps), alpha, gamma, refuse_unused=not custom)
     cfg = apply_overrides(HFRunConfig(**paths, loss=loss, objective="custom", train=train, task=task, regime=regime), overrides, names)
@@ -619,7 +651,7 @@ TASK_OPTIONS: tuple[Option, ...] = (  # the synthetic task and the base model th
     Option("--surface-forms", "task.surface_forms", "task", "response entropy: each of the task's own response tokens written as one of this many "
            "interchangeable forms, drawn independently of the strategy (sorting, addition; notebook 05)", default=None, type=int, backbones=_TINY,
            note="(default 1: one form)", coordinate=Coordinate("forms{}", " forms {}", record_default=False, default=1)),
-    Option("--n-train", "n_train", "task", default=None, type=int, backbones=_TINY, note=f"({_RECIPE}20000)", maximum=SAMPLES),
+    Option("--n-train", "n_train", "task", default=None, type=int, note=f"({_RECIPE}20000; with --backbone and no --data: 2048)", maximum=SAMPLES),
     Option("--n-eval", "n_eval", "task", maximum=SAMPLES),
     Option("--base-steps", "base.steps", "base model p_theta", default=None, type=int, backbones=_TINY,
            note="(" + _RECIPE.replace(", else ", ": ") + ", ".join(f"{k} {c.base_recipe['steps']}" for k, c in Task.registry.items() if "steps" in c.base_recipe) + ")"),
@@ -636,7 +668,7 @@ TASK_OPTIONS: tuple[Option, ...] = (  # the synthetic task and the base model th
            "or 'train' (pre-trained here from the recipe)", default="auto", backbones=_TINY),
     Option("--train-base", None, "base model p_theta", "pre-train the base here from the task's recipe, even where a shipped base was trained "
            "for it (the same as --base train)", default=False, backbones=_TINY),
-    Option("--allow-failed-base", None, "base model p_theta", "adapt a CVAE even from a base that fails the quality gate (base_gate.json)", default=False, backbones=_TINY),
+    Option("--allow-failed-base", None, "base model p_theta", "adapt a CVAE even from a base that fails the quality gate (base_gate.json; with --backbone, the fine-tuned base's)", default=False),
 )
 
 # %% ../nbs/09_config.ipynb #ee60995d
@@ -649,6 +681,12 @@ HF_OPTIONS: tuple[Option, ...] = (  # a Hugging Face causal LM on disk instead
     Option("--lora-alpha", "adapt.lora_alpha", "Hugging Face backbone", backbones=_HF),
     Option("--lora-targets", "adapt.lora_targets", "Hugging Face backbone", backbones=_HF),
     Option("--optimizer", "optimizer", "Hugging Face backbone", choices=OPTIMIZERS, backbones=_HF),
+    Option("--fine-tune-steps", "fine_tune.steps", "Hugging Face backbone", default=None, type=int, backbones=_HF,
+           note=f"(default: {FINE_TUNE_STEPS} where the data are the task's own, no --data; else 0)"),
+    Option("--fine-tune-mode", "fine_tune.mode", "Hugging Face backbone", choices=FINE_TUNE_MODES, backbones=_HF),
+    Option("--fine-tune-batch-size", "fine_tune.batch_size", "Hugging Face backbone", backbones=_HF, maximum=SAMPLES),
+    Option("--fine-tune-lr", "fine_tune.lr", "Hugging Face backbone", backbones=_HF, maximum=LEARNING_RATE),
+    Option("--fine-tune-checkpoint-every", "fine_tune.checkpoint_every", "Hugging Face backbone", backbones=_HF),
 )
 
 # %% ../nbs/09_config.ipynb #4f210dd4
@@ -880,6 +918,9 @@ WITHOUT_EFFECT = (  # (path, when its option changes nothing in the resolved con
     ("train.beta.warmup_steps", lambda c: c.train.beta.kind not in ("linear", "zero_then_linear"), "only the linear schedules ramp"),
     ("train.beta.zero_steps", lambda c: c.train.beta.kind != "zero_then_linear", "only zero_then_linear holds beta at zero first"),
     ("train.lr_min_ratio", lambda c: c.train.lr_schedule != "cosine", "only the cosine schedule decays to it"),
+    *((f"fine_tune.{f}", lambda c: not c.fine_tune.steps, "the backbone is the base as it is: --fine-tune-steps is 0")
+      for f in ("mode", "batch_size", "lr", "checkpoint_every")),
+    ("n_train", lambda c: getattr(c, "data", None) is not None, "the training examples are --data's"),
 )
 
 def refuse_without_effect(given: dict,  # path -> (value, flag) of the options given (`_given`)
@@ -917,7 +958,7 @@ def hf_config_from_args(a: argparse.Namespace,  # what `build_parser` parsed, wi
                        ) -> HFRunConfig:
     "The `HFRunConfig` of the parsed options, resolved by `resolve_config(backbone=...)` as the API resolves it; `ValueError` names the offending option."
     given = _given(a, "hf")
-    if a.data is None: raise ValueError("--backbone needs --data, the training JSONL")
+    if a.data is None and a.task is None: raise ValueError("--backbone needs --data (the training JSONL) or --task (whose own examples it draws)")
     paths = ("backbone", "data", "eval_data")
     try: cfg = resolve_config(a.task, a.objective, {k: v for k, (v, _) in given.items() if k not in paths}, a.alpha, a.gamma, a.regime,
                               names={k: flag for k, (_, flag) in given.items()}, backbone=a.backbone, data=a.data, eval_data=a.eval_data,

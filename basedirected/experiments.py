@@ -516,7 +516,7 @@ def clear_cells(out: Path,              # the sweep's directory
     "`--force`: delete the files this package wrote for `specs` (their run directories and shared bases), and nothing else."
     for s in specs:
         for d in (SweepDir(out).run(s.key).path, base_dir(out, *s.shared_base)):
-            for f in RunDir(SweepDir(out).inside(d)).files(): f.unlink(missing_ok=True)
+            RunDir(SweepDir(out).inside(d)).clear()
 
 # %% ../nbs/11_experiments.ipynb #52ffe3ab
 def _stale(rd: RunDir, spec: RunSpec) -> bool:
@@ -571,7 +571,7 @@ def _open_cell(out: Path, spec: RunSpec, force: bool) -> RunDir | dict:
     stale = _stale(rd, spec)
     if stale: print(f"{spec.key}: its configuration changed; rerunning it")
     if force or stale:
-        for f in rd.files(): f.unlink(missing_ok=True)
+        rd.clear()
     if (record := finished_record(out, spec)) is not None: return record
     rd.metrics.unlink(missing_ok=True)  # not the sweep's record: the cell's run is completed (or resumed) and its record written again
     rd.path.mkdir(parents=True, exist_ok=True); remove_temporaries(rd.path)  # the cell's lock is held: any temporary is a killed writer's

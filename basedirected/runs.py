@@ -15,6 +15,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import stat
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -63,9 +64,18 @@ class RunDir:
     command = property(lambda self: self.path / "command.txt")
     gate = property(lambda self: self.path / "base_gate.json")
     base_checkpoint = property(lambda self: self.path / "base_checkpoint.pt")  # the base's pre-training state, until base.pt is written
+    fine_tuned = property(lambda self: self.path / "fine_tuned_base")  # a backbone's run: its base, the backbone fine-tuned on the task (a save_pretrained directory)
+    train_data = property(lambda self: self.path / "train.jsonl")      # a backbone's run on the task's own examples: the training split it drew
+    eval_data = property(lambda self: self.path / "eval.jsonl")        # ... and the held-out split
     def files(self) -> list[Path]:
         "Every file this package writes into a run directory."
-        return [self.config, self.base, self.base_checkpoint, self.scale, self.gate, self.log, self.checkpoint, self.eval, self.metrics, self.command]
+        return [self.config, self.base, self.base_checkpoint, self.scale, self.gate, self.log, self.checkpoint, self.eval, self.metrics, self.command,
+                self.train_data, self.eval_data]
+    def clear(self):
+        "Delete everything this package writes into a run directory (a link in the fine-tuned base's place is removed, never followed)."
+        for f in self.files(): f.unlink(missing_ok=True)
+        if self.fine_tuned.is_symlink() or self.fine_tuned.is_file(): self.fine_tuned.unlink()
+        elif self.fine_tuned.is_dir(): shutil.rmtree(self.fine_tuned)
     def is_run(self) -> bool:
         "The directory holds a run this package wrote: a `config.json` with a configuration and an environment record (a file of that name alone is not a run)."
         try: return _is_run_record(read_json(self.config))

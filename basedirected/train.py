@@ -497,9 +497,10 @@ class BaseGateError(ValueError):
 
 def gate_message(gate: dict,   # a `base_gate.json` record
                  path: Path,   # where it is
+                 longer: str = "--base-steps",  # the option that trains the base longer
                 ) -> str:
     "One line saying which criteria of the gate failed, by how much, and what to do."
-    return (f"the base model fails the quality gate ({'; '.join(gate_failures(gate))}; see {path}): train it longer (--base-steps) "
+    return (f"the base model fails the quality gate ({'; '.join(gate_failures(gate))}; see {path}): train it longer ({longer}) "
             "or pass --allow-failed-base to adapt a CVAE from it anyway")
 
 # %% ../nbs/10_train.ipynb #a1198599

@@ -14,8 +14,8 @@ pytest.importorskip("peft")
 from basedirected.cli import hf_train_main, train_main
 from basedirected.config import build_parser, hf_config_from_args
 from basedirected.cli import export_main
-from basedirected.hf import (EncodedPairs, HFReference, build_hf_cvae, encode_examples, export_run, hf_run, load_backbone, pairs_to_examples, prepare_hf_run,
-                             read_pairs, save_tiny_backbone)
+from basedirected.backbone import EncodedPairs, HFReference, encode_examples, load_backbone, pairs_to_examples, read_pairs, save_tiny_backbone
+from basedirected.hf import build_hf_cvae, export_run, hf_run, prepare_hf_run
 from basedirected.runs import load_run
 from basedirected.config import AdaptConfig
 from basedirected.train import train_run
@@ -200,7 +200,7 @@ def test_basedirected_train_trains_a_backbone_run_and_load_run_opens_it(data, tm
 
 def test_the_checker_reads_exported_records_back(data):
     "The data's own responses, tokenized by the model's tokenizer and read back, pass the task's checker with the right answer."
-    from basedirected.hf import load_backbone, task_input, task_response
+    from basedirected.backbone import load_backbone, task_input, task_response
     d, task, train = data
     _, vocab = load_backbone(d / "gpt2")
     records = read_pairs(d / "train.jsonl")
@@ -451,7 +451,8 @@ def test_hf_train_help_lists_only_the_options_of_a_backbone(capsys):
     text = capsys.readouterr().out
     assert e.value.code == 0
     listed = {o.flag for o in OPTIONS if re.search(rf"\n  {re.escape(o.flag)}[ \n]", text)}
-    assert listed == {o.flag for o in OPTIONS if "hf" in o.backbones} and {"--base-steps", "--tau", "--n-train"}.isdisjoint(listed)
+    assert listed == {o.flag for o in OPTIONS if "hf" in o.backbones} and {"--base-steps", "--tau"}.isdisjoint(listed)
+    assert {"--n-train", "--fine-tune-steps", "--allow-failed-base"} <= listed  # the task's own data and the base fine-tuned on them
     assert "synthetic task" not in text.split("options:")[0] and "Hugging Face causal LM" in text.split("options:")[0]
     assert re.search(r"--c-samples C_SAMPLES\s+samples for c_theta \(default: 512\)", text)  # the backbone's default, not the small transformer's
     assert "--base-steps" in build_parser().format_help()  # basedirected-train still lists every option

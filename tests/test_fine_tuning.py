@@ -1,0 +1,137 @@
+"""A base fine-tuned from a backbone on the task's own data: the command, the gate's refusal, a kill in every phase, --force, and a tokenizer that cannot write the task."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from basedirected.cli import train_main
+from basedirected.config import resolve_config
+from basedirected.backbone import save_tiny_backbone, task_records
+from basedirected.hf import hf_run
+from basedirected.pretrained import file_sha256
+from basedirected.runs import RunDir, read_json
+from basedirected.tasks import make_task
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads(); torch.set_num_threads(1)  # tiny models: threads only contend
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def backbone(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fine_tuning")
+    task = make_task("sorting")
+    save_tiny_backbone(d / "gpt2", [r.prompt + " " + r.response for r in task_records(task, task.generate(100, 0))], "gpt2")
+    save_tiny_backbone(d / "letters", ["a b c d e f g h"], "gpt2")  # a tokenizer that has none of sorting's tokens
+    return d
+
+
+SMALL = ["--task", "sorting", "--n-train", "64", "--n-eval", "16", "--fine-tune-steps", "8", "--fine-tune-batch-size", "8", "--fine-tune-checkpoint-every", "2",
+         "--K", "3", "--steps", "4", "--batch-size", "8", "--eval-every", "2", "--c-samples", "16", "--n-routed", "8", "--n-forced", "8",
+         "--device", "cpu", "--quiet"]
+
+
+def _cmd(backbone, run, *extra):
+    return ["--backbone", str(backbone / "gpt2"), "--run-dir", str(run), *SMALL, *extra]
+
+
+def _base_files(run):
+    rd = RunDir(run)
+    return {f.name: file_sha256(f) for f in sorted(rd.fine_tuned.iterdir()) if f.name != "fine_tune.json"}
+
+
+def test_the_command_fine_tunes_gates_and_refuses_a_failed_base(backbone, tmp_path, capsys):
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as e: train_main(_cmd(backbone, run))
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fails the quality gate" in err[0] and "--fine-tune-steps" in err[0], err
+    rd = RunDir(run)
+    assert not rd.checkpoint.exists() and not read_json(rd.gate)["passes"]  # refused before the CVAE trained
+    assert rd.train_data.is_file() and rd.eval_data.is_file() and not rd.base_checkpoint.exists()
+    record = read_json(rd.fine_tuned / "fine_tune.json")
+    assert record["key"]["fine_tune"]["steps"] == 8 and len(record["losses"]) == 8
+    assert train_main(_cmd(backbone, run, "--allow-failed-base")) == 0  # the same run, allowed: fine-tuning and gate are read back
+    m = read_json(rd.metrics)
+    assert m["eval_split"] == "eval_data" and "gen_alignment_controlled_all" in m
+    assert read_json(rd.config)["config"]["fine_tune"]["steps"] == 8
+
+
+def test_the_api_resolves_the_same_run(backbone, tmp_path):
+    cfg = resolve_config("sorting", backbone=str(backbone / "gpt2"), overrides={
+        "n_train": 64, "n_eval": 16, "fine_tune.steps": 8, "fine_tune.batch_size": 8, "fine_tune.checkpoint_every": 2, "cvae.K": 3, "train.steps": 4,
+        "train.batch_size": 8, "train.eval_every": 2, "c_samples": 16, "metrics.n_routed": 8, "metrics.n_forced": 8})
+    hf_run(tmp_path / "api", cfg, device="cpu", require_gate=False)
+    assert train_main(_cmd(backbone, tmp_path / "cli", "--allow-failed-base")) == 0
+    api, cli = read_json(tmp_path / "api" / "config.json")["config"], read_json(tmp_path / "cli" / "config.json")["config"]
+    assert api == cli
+    assert _base_files(tmp_path / "api") == _base_files(tmp_path / "cli")  # the same base, byte for byte
+    assert read_json(tmp_path / "api" / "metrics.json") == read_json(tmp_path / "cli" / "metrics.json")
+
+
+def _kill_when(args, path, timeout=120):
+    "Start the command, kill -9 it once `path` exists."
+    p = subprocess.Popen([sys.executable, "-c", "import sys; from basedirected.cli import train_main; sys.exit(train_main(sys.argv[1:]))", *args],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    t0 = time.time()
+    while not path.exists() and p.poll() is None and time.time() - t0 < timeout: time.sleep(0.01)
+    if p.poll() is None: os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+
+
+KILLED = ["--allow-failed-base", "--fine-tune-steps", "24", "--checkpoint-every", "2"]
+
+
+@pytest.fixture(scope="module")
+def whole(backbone, tmp_path_factory):
+    "The run no kill interrupts."
+    run = tmp_path_factory.mktemp("whole") / "run"
+    assert train_main(_cmd(backbone, run, *KILLED)) == 0
+    return run
+
+
+@pytest.mark.parametrize("phase", ["base_checkpoint.pt", "fine_tuned_base", "base_gate.json", "checkpoint.pt"])
+def test_a_kill_in_any_phase_resumes_to_the_same_files(backbone, whole, tmp_path, phase):
+    "Killed once the phase's first file appears (fine-tuning, the saved base, the gate, the CVAE), the same command ends with the uninterrupted run's files."
+    killed, extra = tmp_path / "killed", KILLED
+    _kill_when(_cmd(backbone, killed, *extra), killed / phase)
+    assert train_main(_cmd(backbone, killed, *extra)) == 0
+    assert _base_files(killed) == _base_files(whole)
+    for name in ("base_gate.json", "reference_scale.json", "eval.json", "metrics.json"):
+        assert read_json(killed / name) == read_json(whole / name), name
+
+
+def test_force_clears_the_fine_tuned_base(backbone, tmp_path):
+    run = tmp_path / "run"
+    assert train_main(_cmd(backbone, run, "--allow-failed-base")) == 0
+    before = RunDir(run).fine_tuned.stat().st_mtime_ns
+    assert train_main(_cmd(backbone, run, "--allow-failed-base", "--force")) == 0
+    assert RunDir(run).fine_tuned.stat().st_mtime_ns != before  # fine-tuned again, not read back
+
+
+def test_a_tokenizer_that_cannot_write_the_task_is_refused_before_fine_tuning(backbone, tmp_path, capsys):
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as e: train_main(["--backbone", str(backbone / "letters"), "--run-dir", str(run), *SMALL])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "tokenizer cannot encode the data" in err[0], err
+    assert not RunDir(run).fine_tuned.exists()
+
+
+def test_options_of_the_fine_tuning_without_fine_tuning_are_refused(backbone, tmp_path, capsys):
+    data = tmp_path / "train.jsonl"
+    task = make_task("sorting")
+    data.write_text("".join(json.dumps(r.__dict__) + "\n" for r in task_records(task, task.generate(16, 0))))
+    with pytest.raises(SystemExit): train_main(["--backbone", str(backbone / "gpt2"), "--data", str(data), "--run-dir", str(tmp_path / "r"), "--fine-tune-lr", "0.01"])
+    assert "--fine-tune-lr has no effect here" in capsys.readouterr().err
