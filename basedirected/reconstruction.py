@@ -22,7 +22,7 @@ def aggregate(nll: torch.Tensor,    # ell_t, generator token losses averaged ove
               example_weight: torch.Tensor | None = None, # omega per example, (B,); None means 1
               scale: float | torch.Tensor = 1.0,          # C > 0, the global scale
              ) -> torch.Tensor:     # the scalar L[pi, omega, C]
-    "$L[\\pi,\\omega,C] = \\frac1C \\frac1B\\sum_b \\omega_b \\sum_t \\pi_{bt}\\, \\ell_{bt}$ (note 003's unified family)."
+    "$L[\\pi,\\omega,C] = \\frac1C \\frac1B\\sum_b \\omega_b \\sum_t \\pi_{bt}\\, \\ell_{bt}$ (the unified family of reconstruction terms)."
     mask = check_batch(mask, nll=nll, policy=policy)
     if example_weight is not None and example_weight.shape != mask.shape[:1]:
         raise ValueError(f"example_weight must have shape {tuple(mask.shape[:1])}, got {tuple(example_weight.shape)}")
@@ -94,7 +94,7 @@ def reconstruction_terms(nll: torch.Tensor,      # ell_t, generator token losses
                          mean_one_lambda: float = 0.5, # lambda of the mean-one policy
                          weights: ReferenceWeights | None = None, # precomputed weights for this mask, or None
                         ) -> dict[str, torch.Tensor]:  # every term of TERM_NAMES and the weight statistics, scalars
-    "Every reconstruction term of notes 000/001/003 as scalar tensors, plus weight statistics."
+    "Every reconstruction term (the objective's, its controls' and ablations') as scalar tensors, plus weight statistics."
     c_ref = check_positive(c_ref, "c_ref")
     if token_reduction not in ("mean", "sum"): raise ValueError(f"token_reduction must be 'mean' or 'sum', got {token_reduction!r}")
     ex_floor = check_positive(ex_floor, "ex_floor")
@@ -118,7 +118,7 @@ def policy_matched_scale(term: str,               # a name of TERM_NAMES
                          gamma: float = 1.0,      # gamma >= 0
                          ex_floor: float = 1e-6,  # floor on b_theta in ex's 1/b_theta
                         ) -> float:               # C_{pi, omega} estimated on the sample
-    "$C_{\\pi,\\omega} = \\mathbb E[\\omega \\sum_t \\pi_t b_t]$ for a named term, estimated on a batch of base surprisals (note 003)."
+    "$C_{\\pi,\\omega} = \\mathbb E[\\omega \\sum_t \\pi_t b_t]$ for a named term, estimated on a batch of base surprisals."
     if term not in TERM_SPECS: raise ValueError(f"term must be one of {TERM_NAMES}, got {term!r}")
     weights = reference_weights(base_nll, mask, alpha=alpha, gamma=gamma)
     policy, omega, _ = resolve_term(TERM_SPECS[term], weights, 1.0, ex_floor)

@@ -60,7 +60,7 @@ def prepare_surprisal(base_nll: torch.Tensor, # b_{theta,t} from the frozen base
 def base_mean(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
               mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
              ) -> torch.Tensor:       # b_theta per example, (B,)
-    "$b_\\theta(x,y)$: response-token mean base surprisal, shape `(B,)` (note 000)."
+    "$b_\\theta(x,y)$: response-token mean base surprisal, shape `(B,)`."
     b, mask = prepare_surprisal(base_nll, mask)
     return masked_mean(b, mask)
 
@@ -78,7 +78,7 @@ class ReferenceScale:
 def estimate_reference_scale(base_means: torch.Tensor, # per-example b_theta, (N,) or any shape, N >= 2
                              source: str = "model",    # 'model' if y ~ p_theta (the definition), 'data' if observed y
                             ) -> ReferenceScale:       # c_hat with its standard error
-    "$\\widehat c_\\theta$ from per-example $b_\\theta$ values (note 000: the empirical reference scale)."
+    "$\\widehat c_\\theta$ from per-example $b_\\theta$ values (the empirical reference scale)."
     if source not in ("model", "data"): raise ValueError(f"source must be 'model' or 'data', got {source!r}")
     x = torch.as_tensor(base_means).detach().double().flatten()
     if x.numel() < 2: raise ValueError(f"base_means needs at least 2 values, got {x.numel()}")

@@ -22,7 +22,7 @@ __all__ = ['INVERSE_SURPRISAL_FLOOR', 'MAX_GAMMA', 'GAMMA_CEILING_WHY', 'uniform
 def uniform_weights(mask: torch.Tensor,                 # 0/1 or bool over response tokens, (B, T)
                     dtype: torch.dtype = torch.float32, # dtype of the result
                    ) -> torch.Tensor:                   # u_t, rows sum to 1, (B, T)
-    "$u_t = 1/T_y$ on supervised positions, 0 elsewhere (note 000)."
+    "$u_t = 1/T_y$ on supervised positions, 0 elsewhere."
     m = check_batch(mask).to(dtype)  # a row without a response token has no uniform weights
     return m / m.sum(-1, keepdim=True)
 
@@ -43,7 +43,7 @@ def surprisal_share_weights(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
                             mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
                             gamma: float,           # gamma >= 0: concentration exponent
                            ) -> torch.Tensor:       # w~_t, rows sum to 1, (B, T)
-    "$\\widetilde w_{\\theta,t}^{(\\gamma)}$: raw normalized surprisal weights, rows sum to 1 (note 000)."
+    "$\\widetilde w_{\\theta,t}^{(\\gamma)}$: raw normalized surprisal weights, rows sum to 1."
     return reference_weights(base_nll, mask, gamma=gamma).share
 
 # %% ../nbs/02_weights.ipynb #921be3dd
@@ -60,7 +60,7 @@ def concentration_factor(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
                          mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
                          gamma: float,           # gamma >= 0: concentration exponent
                         ) -> torch.Tensor:       # kappa >= 1 per example, (B,)
-    "$\\kappa_\\theta^{(\\gamma)} = \\sum_t \\widetilde w_t b_t / b_\\theta$, shape `(B,)` (note 000)."
+    "$\\kappa_\\theta^{(\\gamma)} = \\sum_t \\widetilde w_t b_t / b_\\theta$, shape `(B,)`."
     return reference_weights(base_nll, mask, gamma=gamma).kappa
 
 # %% ../nbs/02_weights.ipynb #cbc712c7
@@ -68,7 +68,7 @@ def corrected_weights(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
                       mask: torch.Tensor,     # 0/1 or bool over response tokens, (B, T)
                       gamma: float,           # gamma >= 0: concentration exponent
                      ) -> torch.Tensor:       # w_t = w~_t / kappa, (B, T)
-    "$w_{\\theta,t}^{(\\gamma)} = \\widetilde w_t / \\kappa$: concentration-corrected weights, $\\sum_t w_t b_t = b_\\theta$ (note 000)."
+    "$w_{\\theta,t}^{(\\gamma)} = \\widetilde w_t / \\kappa$: concentration-corrected weights, $\\sum_t w_t b_t = b_\\theta$."
     return reference_weights(base_nll, mask, gamma=gamma).corrected
 
 # %% ../nbs/02_weights.ipynb #82a0e1ad
@@ -77,7 +77,7 @@ def reconstruction_weights(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
                            alpha: float,           # alpha in [0, 1]: uniform (1) vs corrected (0)
                            gamma: float,           # gamma >= 0: concentration exponent
                           ) -> torch.Tensor:       # a_t, (B, T)
-    "$a_{\\theta,t} = \\alpha u_t + (1-\\alpha) w_t$: the final weights of $\\mathcal R_\\theta$ (note 000)."
+    "$a_{\\theta,t} = \\alpha u_t + (1-\\alpha) w_t$: the final weights of $\\mathcal R_\\theta$."
     return reference_weights(base_nll, mask, alpha=alpha, gamma=gamma).final
 
 # %% ../nbs/02_weights.ipynb #e1dda992
@@ -88,13 +88,13 @@ def inverse_surprisal_weights(base_nll: torch.Tensor, # b_{theta,t}, (B, T)
                               gamma: float,           # gamma >= 0: exponent of b^-gamma
                               inverse_floor: float = INVERSE_SURPRISAL_FLOOR, # epsilon (nats): b is floored here
                              ) -> torch.Tensor:       # v_t = v~_t / kappa_inv, (B, T)
-    "$v_t = \\widetilde v_t / \\kappa^{\\mathrm{inv}}$: the inverse-surprisal ablation's corrected weights (note 001)."
+    "$v_t = \\widetilde v_t / \\kappa^{\\mathrm{inv}}$: the inverse-surprisal ablation's corrected weights."
     return reference_weights(base_nll, mask, gamma=gamma, inverse_floor=inverse_floor).inverse
 
 # %% ../nbs/02_weights.ipynb #bd898b87
 @dataclass(frozen=True)
 class ReferenceWeights:
-    "Every z-free reference statistic of one batch (note 000); all `(B, T)` or `(B,)`, zero off the mask."
+    "Every z-free reference statistic of one batch; all `(B, T)` or `(B,)`, zero off the mask."
     mask: torch.Tensor       # (B, T) bool, supervised response positions
     base_nll: torch.Tensor   # (B, T) b_{theta,t}, validated and clamped
     base_mean: torch.Tensor  # (B,)   b_theta
@@ -145,7 +145,7 @@ def reference_weights(base_nll: torch.Tensor,  # b_{theta,t} from the frozen bas
                       topk_fraction: float = 0.2,    # f in (0, 1] of the top-k% selection policy
                       mean_one_lambda: float = 0.5,  # lambda in [0, 1] of the mean-one policy
                      ) -> ReferenceWeights:    # every weight and statistic, no gradient, >= float32
-    "All token weights of note 000 (and the inverse ablation of note 001, and two published policies) for one batch."
+    "All token weights of the objective (and the inverse-surprisal ablation, and two published policies) for one batch."
     alpha, gamma = check_unit_interval(alpha, "alpha"), check_at_most(check_nonnegative(gamma, "gamma"), MAX_GAMMA, "gamma", GAMMA_CEILING_WHY)
     topk_fraction, mean_one_lambda = check_unit_interval(topk_fraction, "topk_fraction"), check_unit_interval(mean_one_lambda, "mean_one_lambda")
     if topk_fraction == 0: raise ValueError("topk_fraction must be > 0")

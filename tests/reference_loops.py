@@ -1,4 +1,4 @@
-"""Plain-Python implementations written straight from note 000 (lists, no tensors, no vectorisation).
+"""Plain-Python implementations written straight from the objective's definitions (lists, no tensors, no vectorisation).
 
 They are deliberately naive: the tests compare the package's vectorised torch code against them.
 """

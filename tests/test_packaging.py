@@ -414,3 +414,11 @@ def test_the_guide_names_every_preset_and_no_withdrawn_claim():
     table = guide[guide.index("| option | meaning |"):guide.index("## ", guide.index("| option | meaning |"))]
     assert not [name for name in PRESETS if name != "smoke" and f"`{name}`" not in table and f"--preset {name}`" not in table]
     assert "its lead over the cELBO is gradient clipping" not in guide and "to log 2 by step 50" not in guide
+
+
+def test_no_page_cites_a_design_note():
+    "Readers have the pages, not the design notes behind them: a page says what a note says in its own words."
+    import re
+    cited = [f"{p.name}: ...{m.group(0)}..." for p in sorted((ROOT / "nbs").glob("*.ipynb")) for m in re.finditer(r".{30}\bnotes? 00\d.{20}", p.read_text())]
+    cited += [f"README.md: ...{m.group(0)}..." for m in re.finditer(r".{30}\bnotes? 00\d.{20}", (ROOT / "README.md").read_text())]
+    assert not cited, "\n".join(cited)
