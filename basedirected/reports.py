@@ -28,13 +28,14 @@ from .weights import reference_weights
 # %% auto #0
 __all__ = ['TABLE_METRICS', 'GRID_COORDINATES', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'STATS_HEADER', 'CONTRASTS_HEADER',
            'PAIRED_METRICS', 'SUCCESS', 'MEANING_FLOOR', 'CURVE_TERMS', 'ANSWER_METRIC', 'PRIMARY_FIGURES',
-           'GENERATOR_FALL_NATS', 'group_by', 'aggregate', 'markdown_table', 'contrasts_markdown', 'stats_markdown',
-           'write_results', 'write_statistics', 'holm', 'paired_difference', 'paired_statistics', 'success_counts',
-           'success_parts', 'base_contrasts', 'metric_components', 'run_dirs', 'read_results', 'figure_frontier',
-           'figure_collapse', 'figure_alignment', 'figure_escape', 'figure_curves', 'figure_gain_per_position',
-           'figure_weights', 'figure_paired', 'answer_rows', 'answer_text', 'figure_answer', 'compare_collections',
-           'comparison_text', 'write_figures', 'write_base_gates', 'write_curves', 'curve_verdicts', 'nats_per_unit',
-           'strict_rule_in_nats', 'write_reports']
+           'PREDICTION_LEVEL', 'VERDICT_ALPHA', 'GENERATOR_FALL_NATS', 'group_by', 'aggregate', 'markdown_table',
+           'contrasts_markdown', 'stats_markdown', 'write_results', 'write_statistics', 'holm', 'paired_difference',
+           'paired_statistics', 'success_counts', 'success_parts', 'base_contrasts', 'metric_components', 'run_dirs',
+           'read_results', 'figure_frontier', 'figure_collapse', 'figure_alignment', 'figure_escape', 'figure_curves',
+           'figure_gain_per_position', 'figure_weights', 'figure_paired', 'answer_rows', 'answer_text', 'figure_answer',
+           'prediction_interval', 'compare_collections', 'figure_verdicts', 'comparison_text', 'write_figures',
+           'write_base_gates', 'write_curves', 'curve_verdicts', 'nats_per_unit', 'strict_rule_in_nats',
+           'write_reports']
 
 # %% ../nbs/12_reports.ipynb #ca5567ef
 _ALIGNMENTS = tuple(f"{pre}{a}_{t}{s}" for pre, t in (("", "posterior"), ("gen_", "controlled"), ("gen_", "controlled_all"))
@@ -682,14 +683,25 @@ def figure_answer(out: Path,  # the sweep's output directory (the figure goes to
 
 # %% ../nbs/12_reports.ipynb #5152c716
 PRIMARY_FIGURES = ("rate", "gen_alignment_controlled_all", "gen_answer_rate", "I_zs_norm", "alignment_posterior", "eval_loss")  # what --compare checks
+PREDICTION_LEVEL = 0.95  # the prediction interval's coverage of one more seed
+VERDICT_ALPHA = 0.01     # a figure fails when its count of cells outside is this improbable under Binomial(N, 1 - PREDICTION_LEVEL)
 
 def _seedless(key: str) -> str: return key.rsplit("-s", 1)[0]  # a cell's key without its CVAE seed: the cell its seeds replicate
+
+def prediction_interval(values: list[float],           # one cell's figure over the reference's seeds
+                        level: float = PREDICTION_LEVEL,
+                       ) -> tuple[float, float] | None:  # (low, high), or None with fewer than two values
+    "A `level` prediction interval for one more draw of the distribution `values` came from (normal model): mean ± t(level, n - 1) s sqrt(1 + 1/n)."
+    if len(values) < 2: return None
+    from scipy import stats
+    half = stats.t.ppf((1 + level) / 2, len(values) - 1) * statistics.stdev(values) * math.sqrt(1 + 1 / len(values))
+    return statistics.fmean(values) - half, statistics.fmean(values) + half
 
 def compare_collections(records: list[dict],        # a rerun's records
                         reference: list[dict],      # the reference collection's (`read_records`)
                         figures: tuple[str, ...] = PRIMARY_FIGURES,
                        ) -> list[dict]:             # one row per (cell without its seed, figure)
-    "Each primary figure of the cells both hold: how many equal the reference exactly, and how many fall inside the reference's seed range of the same cell."
+    "Each primary figure of the cells both hold: how many equal the reference exactly, how many fall inside the prediction interval of the reference's seeds of the cell (and inside their range, as before)."
     ref = {r["key"]: r for r in reference}
     rows = {}
     for r in sorted(records, key=lambda r: r["key"]):
@@ -699,20 +711,59 @@ def compare_collections(records: list[dict],        # a rerun's records
         for f in figures:
             mine, theirs, span = r.get(f), ref[r["key"]].get(f), [x[f] for x in seeds if isinstance(x.get(f), (int, float))]
             if not isinstance(mine, (int, float)) or not isinstance(theirs, (int, float)) or not span: continue
-            row = rows.setdefault((cell, f), {"cell": cell, "figure": f, "cells": 0, "exact": 0, "inside": 0, "lo": min(span), "hi": max(span), "values": []})
+            pi = prediction_interval(span)
+            row = rows.setdefault((cell, f), {"cell": cell, "figure": f, "cells": 0, "exact": 0, "inside": 0, "lo": min(span), "hi": max(span), "seeds": len(span),
+                                              "pi_lo": None if pi is None else pi[0], "pi_hi": None if pi is None else pi[1], "in_interval": 0, "values": []})
             row["cells"] += 1; row["exact"] += mine == theirs; row["inside"] += min(span) <= mine <= max(span); row["values"].append(mine)
-    return [{**r, "values": " ".join(f"{v:.4f}" for v in r["values"])} for r in rows.values()]
+            row["in_interval"] += pi is not None and (mine == theirs or pi[0] <= mine <= pi[1])  # an exact rerun is never outside, whatever the spread
+    return [{**r, "values": " ".join(_decisive(v, r) for v in r["values"])} for r in rows.values()]
+
+# %% ../nbs/12_reports.ipynb #f31afaa1
+def _decisive(v: float, row: dict) -> str:
+    "`v` with the fewest digits (at least 4) that keep its place against the row's interval: a value outside never prints as if inside."
+    bounds = [b for b in (row.get("pi_lo"), row.get("pi_hi")) if b is not None]
+    for d in range(4, 18):
+        if all((float(f"{v:.{d}g}") < float(f"{b:.{d}g}")) == (v < b) and (float(f"{v:.{d}g}") > float(f"{b:.{d}g}")) == (v > b) for b in bounds): return f"{v:.{d}g}"
+    return repr(v)
+
+def figure_verdicts(rows: list[dict],          # `compare_collections`'s rows
+                    alpha: float = VERDICT_ALPHA,
+                   ) -> list[dict]:            # one per figure: its counts, P and verdict
+    "Each figure's verdict: 'reproduced exactly', 'reproduced' (its count of cells outside their intervals not improbable under Binomial(N, 0.05)), 'not reproduced', or 'undetermined' (no interval)."
+    from scipy import stats
+    out = []
+    for f in dict.fromkeys(r["figure"] for r in rows):
+        mine = [r for r in rows if r["figure"] == f]
+        n, exact = sum(r["cells"] for r in mine), sum(r["exact"] for r in mine)
+        judged = sum(r["cells"] for r in mine if r["pi_lo"] is not None)
+        outside = int(judged - sum(r["in_interval"] for r in mine))
+        p = float(stats.binom.sf(outside - 1, judged, 1 - PREDICTION_LEVEL)) if judged else None
+        verdict = ("reproduced exactly" if exact == n else "undetermined" if not judged else "reproduced" if p >= alpha else "not reproduced")
+        out.append({"figure": f, "cells": n, "exact": exact, "judged": judged, "outside": outside, "expected": judged * (1 - PREDICTION_LEVEL), "p": p, "verdict": verdict})
+    return out
 
 def comparison_text(rows: list[dict],  # `compare_collections`'s rows
                    ) -> str:
-    "One line per figure over every cell: exact agreements, then agreement within the reference's seed range, and the cells outside it."
-    lines = []
-    for f in dict.fromkeys(r["figure"] for r in rows):
-        mine = [r for r in rows if r["figure"] == f]
-        n, exact, inside = (sum(r[k] for r in mine) for k in ("cells", "exact", "inside"))
-        outside = [f"{r['cell']} ({r['values']} outside [{r['lo']:.4f}, {r['hi']:.4f}])" for r in mine if r["inside"] < r["cells"]]
-        lines.append(f"  {f}: {exact}/{n} cells equal the reference exactly, {inside}/{n} inside its seed range" + (f"; outside: {'; '.join(outside[:3])}" + (" ..." if len(outside) > 3 else "") if outside else ""))
-    return "\n".join(lines) if lines else "  no cell in common with the reference"
+    "One line per figure (exact agreements, cells outside the prediction interval against the count chance gives, the verdict and the cells outside), then the collection's verdict."
+    if not rows: return "  no cell in common with the reference"
+    lines, failed, open_ = [], [], []
+    seeds = sorted({r["seeds"] for r in rows})
+    for v in figure_verdicts(rows):
+        mine = [r for r in rows if r["figure"] == v["figure"]]
+        line = f"  {v['figure']}: {v['exact']}/{v['cells']} cells equal the reference exactly"
+        if v["verdict"] != "reproduced exactly" and v["judged"]:
+            line += (f"; {v['outside']}/{v['judged']} outside the {PREDICTION_LEVEL:.0%} prediction interval of a new seed "
+                     f"({v['expected']:.2g} expected by chance, P = {v['p']:.3g})")
+        line += f": {v['verdict']}"
+        outside = [f"{r['cell']} ({r['values']} outside [{_decisive(r['pi_lo'], r)}, {_decisive(r['pi_hi'], r)}])" for r in mine
+                   if r["pi_lo"] is not None and r["in_interval"] < r["cells"]]
+        if outside: line += "; outside: " + "; ".join(outside[:3]) + (" ..." if len(outside) > 3 else "")
+        lines.append(line)
+        if v["verdict"] == "not reproduced": failed.append(f"{v['figure']} ({v['outside']}/{v['judged']} outside, P = {v['p']:.3g})")
+        if v["verdict"] == "undetermined": open_.append(v["figure"])
+    verdict = ("not reproduced: " + "; ".join(failed) if failed else "undetermined: " + ", ".join(open_) + " (one reference seed per cell: no interval)" if open_
+               else "reproduced exactly" if all(v["verdict"] == "reproduced exactly" for v in figure_verdicts(rows)) else "reproduced")
+    return "\n".join(lines + [f"verdict ({', '.join(map(str, seeds))} reference seeds per cell): {verdict}"])
 
 # %% ../nbs/12_reports.ipynb #894eb902
 def write_figures(out: Path,  # the sweep's output directory (figures go to OUT/figures)

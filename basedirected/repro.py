@@ -107,7 +107,7 @@ def repro_parser() -> OneLineParser:
     p.add_argument("--train-bases", action="store_true", help="pre-train every base here from its recipe, even where a base shipped with "
                    "the package was trained for it (by default the cells adapt from the shipped bases: basedirected.pretrained.catalogue())")
     p.add_argument("--compare", default=None, metavar="REF", help="a reference collection of the same preset (reference/<preset>): after the "
-                   "tables, say for each primary figure how many cells equal it exactly and how many fall inside its seed range (comparison.csv)")
+                   "tables, say for each primary figure how many cells equal it exactly and how many fall inside a 95%% prediction interval of its seeds, and whether the collection reproduces it (comparison.csv)")
     p.add_argument("--tensorboard", default=None, metavar="DIR", help="also write each cell's log as TensorBoard events in DIR/<cell key> "
                    "(needs pip install tensorboard, in the dev extra); view them with tensorboard --logdir DIR")
     p.add_argument("--jobs", type=int, default=None, help="--executor pool: parallel worker processes, one run each (default: one per CPU core, at most 8)")
@@ -232,7 +232,7 @@ def _report(a, out: Path, records: list[dict], missing: list[str], summary: dict
 def _compare(out: Path, records: list[dict], reference: Path):
     "`--compare`: print how the collection's primary figures agree with `reference`'s, write `comparison.csv`, and say on which CPUs each was made."
     rows = compare_collections(records, read_records(reference))
-    cols = ["cell", "figure", "cells", "exact", "inside", "lo", "hi", "values"]
+    cols = ["cell", "figure", "cells", "exact", "seeds", "pi_lo", "pi_hi", "in_interval", "inside", "lo", "hi", "values"]
     atomic_write_bytes(out / "comparison.csv", ("\n".join([",".join(cols)] + [",".join(str(r[c]) for c in cols) for r in rows]) + "\n").encode())
     cpu = lambda d: (read_json(SweepDir(d).summary).get("environment", {}).get("cpu") if SweepDir(d).summary.is_file() else None) or "not recorded"
     print(f"against {reference} (made on: {cpu(reference)}; this collection: {cpu(out)}):\n" + comparison_text(rows))
