@@ -52,3 +52,14 @@ def test_code_labellings_recomputes_each_runs_posterior_and_counts_every_held_ou
         assert sum(int(r["n"]) for r in mine) == config["n_eval"]  # every held-out pair gets one code
         assert {r["alignment_posterior_recomputed"] for r in mine} == {r["alignment_posterior_recorded"] for r in mine}  # the posterior is the run's own
         assert {int(r["code"]) for r in mine} <= set(range(metrics["K"]))
+
+
+def test_fine_tuned_base_script_writes_the_gate_and_its_time(tmp_path):
+    out = tmp_path / "fine_tuned.json"
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fine_tuned_base.py"), "--n-train", "64", "--n-eval", "8", "--steps", "3", "--batch-size", "8",
+                        "--width", "16", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    figures = json.loads(out.read_text())
+    assert figures["steps"] == 3 and figures["seconds"] > 0 and figures["gate"]["n_inputs"] == 8
+    assert set(figures["gate"]) >= {"answer_only_accuracy", "valid_rate", "strategy_gap", "surprisal_excess", "passes"}
+    assert "gate:" in p.stdout
