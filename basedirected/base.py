@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn as nn
 
+from .conventions import LR_WHY, MAX_LR, check_at_most, check_nonnegative, check_positive
 from .model import Batch, CausalLM, ModelConfig, TinyCausalLM, collate, layout_tokens, response_nll
 from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, Task, Vocab, batch_indices, rate_record
@@ -37,10 +38,14 @@ class BaseTrainConfig:
     strategy_draws: int = 1             # times each training input is shown, every copy after the first with its strategy drawn again from p(s|x)
     def __post_init__(self):
         for name in ("steps", "batch_size", "strategy_draws"):
+            if type(getattr(self, name)) is not int: raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
             if getattr(self, name) < 1: raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.lr > 0: raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not 0 <= self.null_block_fraction <= 1: raise ValueError(f"null_block_fraction must lie in [0, 1], got {self.null_block_fraction}")
-        if not 0 <= self.override_fraction <= 1: raise ValueError(f"override_fraction must lie in [0, 1], got {self.override_fraction}")
+        check_at_most(check_positive(self.lr, "lr"), MAX_LR, "lr", LR_WHY); check_nonnegative(self.weight_decay, "weight_decay")
+        if self.lr * self.weight_decay >= 1: raise ValueError(f"lr * weight_decay must be < 1 (AdamW scales every weight by 1 - lr * weight_decay each step), got {self.lr:g} * {self.weight_decay:g}")
+        if not isinstance(self.input_overrides, dict) or not all(isinstance(k, str) for k in self.input_overrides):
+            raise ValueError(f"input_overrides must map the task's field names to values, got {self.input_overrides!r}")
+        if not 0 <= check_nonnegative(self.null_block_fraction, "null_block_fraction") <= 1: raise ValueError(f"null_block_fraction must lie in [0, 1], got {self.null_block_fraction}")
+        if not 0 <= check_nonnegative(self.override_fraction, "override_fraction") <= 1: raise ValueError(f"override_fraction must lie in [0, 1], got {self.override_fraction}")
         if self.override_fraction > 0 and not self.input_overrides: raise ValueError("override_fraction > 0 needs input_overrides: the task fields to change on those inputs")
     def to_dict(self): return asdict(self)
 

@@ -85,6 +85,7 @@ def train_main(argv: list[str] | None = None,  # the options (None: the command 
             if a.force: _safe_force(rd)
         if main or not a.force: check_run_dir(rd.path, config, a.resume_without_log)  # reads only: every process refuses what rank 0 refuses
     except ValueError as e: held.close(); parser.error(str(e))  # exits 2 with one line naming the option or path
+    except KeyboardInterrupt: held.close(); parser.exit(130, f"{parser.prog}: interrupted before training began; nothing was trained\n")  # e.g. in transformers' import
     t0 = time.perf_counter()
     with held, warnings.catch_warnings():  # the lock is released however the run ends; a warning is one line, not a source location
         warnings.showwarning = lambda message, *_: print(f"{parser.prog}: warning: {message}", file=sys.stderr, flush=True)
@@ -143,7 +144,8 @@ def export_main(argv: list[str] | None = None,  # the arguments (None: the comma
     p.add_argument("--whole-model", action="store_true", help="write the whole generator with save_pretrained (LoRA merged): for frozen and full runs")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     try: hf = importlib.import_module("basedirected.hf")
-    except ImportError as e: p.exit(2, f"{p.prog}: error: it needs the Hugging Face extra ({e.name} is not installed): pip install -e '.[hf]'\n")
+    except ImportError as e: p.exit(2, f"{p.prog}: error: it needs the Hugging Face extra ({e.name or e} is not installed): pip install -e '.[hf]'\n")
+    except KeyboardInterrupt: p.exit(130, f"{p.prog}: interrupted; nothing was exported\n")  # transformers' import takes seconds
     try: print(hf.export_run(a.run_dir, a.out, a.whole_model))
     except ValueError as e: p.exit(2, f"{p.prog}: error: {e}\n")
     except OSError as e: p.exit(2, f"{p.prog}: error: {e.filename or a.out}: {e.strerror or e}; nothing was exported\n")

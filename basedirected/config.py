@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .base import BaseTrainConfig
-from .conventions import ABSENT, MAX_TERM_WEIGHT, absent_value, check_at_most, check_nonnegative, check_positive, check_unit_interval, patch
-from .cvae import CODE_INIT_NOISE_WHY, COUPLING_READERS, MAX_CODE_INIT_NOISE, CVAEConfig
+from .conventions import ABSENT, LR_WHY, MAX_LR, MAX_TERM_WEIGHT, absent_value, check_at_most, check_nonnegative, check_positive, check_unit_interval, patch
+from .cvae import CODE_INIT_NOISE_WHY, CODES_WHY, COUPLING_READERS, MAX_CODE_INIT_NOISE, MAX_CODES, CVAEConfig
 from .weights import GAMMA_CEILING_WHY, MAX_GAMMA
 from .model import ModelConfig
 from .objective import BETA_SCHEDULES, OBJECTIVE_NAMES, ORIGINAL_FLAG_ALIASES, BetaSchedule, ReconstructionLossConfig, objectives
@@ -30,14 +30,14 @@ from .visiting_order import REGIMES, VisitingOrder
 import basedirected.addition, basedirected.grid_pathfinding, basedirected.sorting  # noqa: F401
 
 # %% auto #0
-__all__ = ['LR_SCHEDULES', 'MAX_LR', 'MAX_KL_WEIGHT', 'LR_WHY', 'KL_WEIGHT_WHY', 'ADAPT_MODES', 'OPTIMIZERS', 'FINE_TUNE_MODES',
-           'FINE_TUNE_STEPS', 'DEFAULT_TASK', 'BASE_CHOICES', 'DEFAULT_RUN', 'COUNT', 'SAMPLES', 'WIDTH', 'DEPTH',
-           'DRAWS', 'THREADS', 'SCALE', 'SEED', 'LEARNING_RATE', 'KL_WEIGHT', 'TERM_WEIGHT', 'GAMMA', 'CODE_NOISE',
-           'CODES', 'NATS', 'BACKBONES', 'RUN_OPTIONS', 'TASK_OPTIONS', 'HF_OPTIONS', 'OBJECTIVE_OPTIONS',
-           'TRAINING_OPTIONS', 'OPTIONS', 'WITHOUT_EFFECT', 'TrainConfig', 'objective_mismatch', 'check_objective_name',
-           'MetricsConfig', 'check_run_config', 'RunConfig', 'AdaptConfig', 'FineTuneConfig', 'HFRunConfig',
-           'rename_fields', 'apply_overrides', 'recipe_overrides', 'objective_training', 'pretrained_overrides',
-           'default_changes', 'resolve_config', 'resolve_hf_config', 'field_comments', 'add_dataclass_options',
+__all__ = ['LR_SCHEDULES', 'MAX_KL_WEIGHT', 'KL_WEIGHT_WHY', 'ADAPT_MODES', 'OPTIMIZERS', 'FINE_TUNE_MODES', 'FINE_TUNE_STEPS',
+           'DEFAULT_TASK', 'BASE_CHOICES', 'DEFAULT_RUN', 'COUNT', 'SAMPLES', 'WIDTH', 'DEPTH', 'DRAWS', 'THREADS',
+           'SCALE', 'SEED', 'LEARNING_RATE', 'KL_WEIGHT', 'TERM_WEIGHT', 'GAMMA', 'CODE_NOISE', 'CODES', 'NATS',
+           'BACKBONES', 'RUN_OPTIONS', 'TASK_OPTIONS', 'HF_OPTIONS', 'OBJECTIVE_OPTIONS', 'TRAINING_OPTIONS', 'OPTIONS',
+           'WITHOUT_EFFECT', 'TrainConfig', 'objective_mismatch', 'check_objective_name', 'MetricsConfig',
+           'check_run_config', 'RunConfig', 'AdaptConfig', 'FineTuneConfig', 'HFRunConfig', 'rename_fields',
+           'apply_overrides', 'recipe_overrides', 'objective_training', 'pretrained_overrides', 'default_changes',
+           'check_overrides', 'resolve_config', 'resolve_hf_config', 'field_comments', 'add_dataclass_options',
            'dataclass_from_args', 'Ceiling', 'Coordinate', 'Option', 'option_ceiling', 'check_option_value',
            'option_help', 'OneLineParser', 'build_parser', 'coordinates', 'coordinate_name', 'coordinate_key',
            'coordinate_record', 'coordinate_label', 'task_coordinates', 'refuse_without_effect', 'base_choice',
@@ -45,9 +45,7 @@ __all__ = ['LR_SCHEDULES', 'MAX_LR', 'MAX_KL_WEIGHT', 'LR_WHY', 'KL_WEIGHT_WHY',
 
 # %% ../nbs/09_config.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
-MAX_LR = 10.0  # the CVAE's learning rate at most
 MAX_KL_WEIGHT = 1e6  # beyond it beta KL swamps the reconstruction (a nat or so) below float32's 7 digits, and overflows towards float32's 3.4e38
-LR_WHY = "an AdamW step moves every weight by about lr: far beyond 1 the first steps leave the base, and the loss overflows"
 KL_WEIGHT_WHY = "a KL weight that large leaves no reconstruction in float32 and can overflow the loss"
 
 # %% ../nbs/09_config.ipynb #2c501a0d
@@ -380,7 +378,7 @@ def apply_overrides(obj,                          # a frozen dataclass (a config
     kw.update(direct)
     try: return dataclasses.replace(obj, **kw)
     except ValueError as e:  # this level's fields, named as the caller names them
-        raise ValueError(rename_fields(str(e), {k: names.get(prefix + k, k) for k in direct})) from None
+        raise ValueError(rename_fields(str(e), {k: names.get(prefix + k, prefix + k) for k in direct})) from None
 
 # %% ../nbs/09_config.ipynb #160bb93c
 def recipe_overrides(task: Task,  # the task whose base recipe is read
@@ -433,6 +431,16 @@ def _knows_profiles(task: Task) -> bool:
     try: probe = task.generate(1, 0)[0]; return task.ideal_surprisal(probe) is not None and task.oracle_surprisal(probe) is not None
     except Exception: return False
 
+# %% ../nbs/09_config.ipynb #e00a1f33
+def check_overrides(overrides,                        # what a caller gave as overrides: a dict of dotted paths, or None
+                    names: dict[str, str] | None = None,  # dotted path -> the caller's name for it
+                   ) -> None:
+    "Refuse (`ValueError` naming it) overrides that are not a dict of dotted paths, or a number of steps that is not an integer (it sizes the objective's schedules before the fields are set)."
+    if overrides is None: return
+    if not isinstance(overrides, dict) or not all(isinstance(k, str) for k in overrides):
+        raise ValueError(f"overrides must be a dict of dotted configuration paths to values (e.g. {{'train.steps': 600}}), got {type(overrides).__name__}")
+    if "train.steps" in overrides: _check_type("int", overrides["train.steps"], (names or {}).get("train.steps", "train.steps"))
+
 # %% ../nbs/09_config.ipynb #10dee2dd
 def resolve_config(task: Task | str | None = None,       # a task, or a registered name or module:Class (with `regime` and `task_fields`); None: DEFAULT_TASK
                    objective: str = "theta",              # the compared objective (OBJECTIVE_NAMES)
@@ -448,6 +456,7 @@ def resolve_config(task: Task | str | None = None,       # a task, or a register
                    **task_fields,                         # fields of a task given by name (e.g. prior, tie_fraction)
                   ) -> RunConfig | HFRunConfig:
     "One run's complete configuration: the task's base recipe (or a shipped base's), `default_changes`, the objective's loss and KL treatment, then `overrides` (a `loss.lambda_*` makes it `custom`); on a `backbone`, the `HFRunConfig` of its data."
+    check_overrides(overrides, names)
     if backbone is not None:
         if base is not None or task_fields:
             raise ValueError(f"{', '.join(['base'] * (base is not None) + sorted(task_fields))}: a run on a backbone adapts that backbone; these belong to the small transformer's runs")
@@ -497,6 +506,7 @@ def resolve_hf_config(backbone: str,                         # a Hugging Face ca
     if task is not None and not isinstance(task, str):
         raise ValueError(f"task must name a registered task on a backbone (its checker reads the generations), got a {type(task).__name__}")
     if task is not None: task_class(task)  # named by the caller: its module is imported here, never from a record
+    check_overrides(overrides, names)
     overrides = dict(overrides or {})
     if clash := sorted({"backbone", "data", "eval_data"} & set(overrides)): raise ValueError(f"give {', '.join(clash)} as arguments, not as overrides")
     paths = {k: str(Path(v).resolve()) for k, v in (("backbone", backbone), ("data", data), ("eval_data", eval_data)) if v is not None}
@@ -578,7 +588,7 @@ KL_WEIGHT = Ceiling(MAX_KL_WEIGHT, KL_WEIGHT_WHY)
 TERM_WEIGHT = Ceiling(MAX_TERM_WEIGHT, "a weight that large leaves no other term in float32 and can overflow the loss")
 GAMMA = Ceiling(MAX_GAMMA, GAMMA_CEILING_WHY)
 CODE_NOISE = Ceiling(MAX_CODE_INIT_NOISE, CODE_INIT_NOISE_WHY)
-CODES = Ceiling(64, "each code is a forward pass of the generator per example")
+CODES = Ceiling(MAX_CODES, CODES_WHY)
 NATS = Ceiling(1e4, "ten thousand nats is beyond what any latent here can carry")
 
 # %% ../nbs/09_config.ipynb #e19aae0a

@@ -16,10 +16,10 @@ from numbers import Real
 import torch
 
 # %% auto #0
-__all__ = ['MAX_TERM_WEIGHT', 'NEGATIVE_SURPRISAL_TOLERANCE', 'ABSENT', 'check_unit_interval', 'check_nonnegative',
-           'check_positive', 'check_at_most', 'value_checks_enabled', 'trusted_values', 'check_batch',
-           'masked_fill_zero', 'masked_mean', 'reference_dtype', 'patch', 'absent_value', 'with_defaults',
-           'same_configuration', 'autocast_disabled']
+__all__ = ['MAX_TERM_WEIGHT', 'MAX_LR', 'LR_WHY', 'NEGATIVE_SURPRISAL_TOLERANCE', 'ABSENT', 'check_unit_interval',
+           'check_nonnegative', 'check_positive', 'check_at_most', 'value_checks_enabled', 'trusted_values',
+           'check_batch', 'masked_fill_zero', 'masked_mean', 'reference_dtype', 'patch', 'absent_value',
+           'with_defaults', 'same_configuration', 'autocast_disabled']
 
 # %% ../nbs/00_conventions.ipynb #008da8f7
 def _as_float(value,    # a Python real or a one-element tensor
@@ -63,6 +63,8 @@ def check_positive(value,     # scalar, e.g. the reference scale c_ref
 
 # %% ../nbs/00_conventions.ipynb #49830c61
 MAX_TERM_WEIGHT = 1e6  # the largest weight a term of the loss may carry (a lambda, the coupling's rho, beta)
+MAX_LR = 10.0  # the largest learning rate of any optimizer here (the CVAE's, the base's, a backbone's fine-tuning)
+LR_WHY = "an AdamW step moves every weight by about lr: far beyond 1 the first steps leave the base, and the loss overflows"
 
 def check_at_most(value,      # scalar hyperparameter, already checked finite
                   ceiling: float,  # the largest value allowed

@@ -20,10 +20,11 @@ from .surprisal import token_surprisal
 from .tasks import Example, Vocab, make_task
 
 # %% auto #0
-__all__ = ['POSTERIORS', 'ROUTERS', 'COUPLING_READERS', 'MAX_CODE_INIT_NOISE', 'CODE_INIT_NOISE_WHY', 'CVAEConfig', 'CVAEOutput',
-           'pooled_hidden', 'with_posterior', 'DiscreteCVAE', 'ResponseCodeClassifier', 'response_readability',
-           'shared_prefix_code_losses', 'ContinuousCVAE', 'build_cvae', 'cvae_forward', 'exact_posterior_logits',
-           'exact_objective', 'posterior_forward', 'exact_posterior', 'objective_terms', 'router_logits']
+__all__ = ['POSTERIORS', 'ROUTERS', 'COUPLING_READERS', 'MAX_CODE_INIT_NOISE', 'CODE_INIT_NOISE_WHY', 'MAX_CODES', 'CODES_WHY',
+           'CVAEConfig', 'CVAEOutput', 'pooled_hidden', 'with_posterior', 'DiscreteCVAE', 'ResponseCodeClassifier',
+           'response_readability', 'shared_prefix_code_losses', 'ContinuousCVAE', 'build_cvae', 'cvae_forward',
+           'exact_posterior_logits', 'exact_objective', 'posterior_forward', 'exact_posterior', 'objective_terms',
+           'router_logits']
 
 # %% ../nbs/07_cvae.ipynb #b06353b4
 POSTERIORS = ("amortized", "exact", "exact+distill")
@@ -33,6 +34,8 @@ COUPLING_READERS = ("bag", "ordered")  # what c_psi(z|y) reads of the response: 
 # %% ../nbs/07_cvae.ipynb #49dd4889
 MAX_CODE_INIT_NOISE = 1e3  # the codes' initial embedding scale at most
 CODE_INIT_NOISE_WHY = "noise that large makes the codes' embeddings dwarf every token's a thousandfold, and far larger overflows float32"
+MAX_CODES = 64  # K at most, however the configuration was made (an option, the API or a record)
+CODES_WHY = "each code is a forward pass of the generator per example"
 
 @dataclass(frozen=True)
 class CVAEConfig:
@@ -58,6 +61,7 @@ class CVAEConfig:
         for name in ("K", "latent_dim", "n_samples"):
             v = getattr(self, name)
             if type(v) is not int or v < 1: raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        check_at_most(self.K, MAX_CODES, "K", CODES_WHY)
         if not 0 <= self.code_init_noise < float("inf"): raise ValueError(f"code_init_noise must be finite and >= 0, got {self.code_init_noise}")
         check_at_most(self.code_init_noise, MAX_CODE_INIT_NOISE, "code_init_noise", CODE_INIT_NOISE_WHY)
         if self.latent == "continuous" and self.code_init_noise != CVAEConfig.code_init_noise:

@@ -25,12 +25,12 @@ from .backbone import (EncodedPairs, HFCausalLM, HFReference, HFVocab, PairRecor
                                    check_context_length, embedding_matrices, load_backbone, pairs_to_examples, quiet_progress_bars, read_pairs,
                                    run_backbone, run_data, task_input, task_records, task_response, train_rows_only)
 from .base import SurprisalCache, sample_responses, response_budget
-from .fine_tuning import prepare_fine_tuned_base
+from .fine_tuning import base_key, check_saved_base, prepare_fine_tuned_base
 from .cvae import CVAEConfig, DiscreteCVAE, posterior_forward, router_logits
 from .metrics import (alignment_record, code_perplexity, entropy, generation_scores, information_gain,
                                   latent_information, marginal_nll, strategy_information)
 from .objective import ReconstructionLossConfig
-from .runs import Run, RunDir, atomic_write_json, check_run_dir, exclusive_run_dir, load_checkpoint, load_trained_state, read_json, read_reference_scale, write_run_record
+from .runs import Run, RunDir, atomic_write_json, check_run_dir, check_run_files, exclusive_run_dir, load_checkpoint, load_trained_state, read_json, read_reference_scale, write_run_record
 from .machine import barrier, distributed_setup, gather_floats, torchrun_place
 from .config import OPTIMIZERS, AdaptConfig, HFRunConfig
 from .surprisal import ReferenceScale, estimate_reference_scale
@@ -199,7 +199,7 @@ def hf_generation_metrics(model: DiscreteCVAE,          # a CVAE on a Hugging Fa
     for k, code in enumerate(model.codes):
         ys = decode(forced_idx, [code] * len(forced_idx), seed + 1 + k)
         forced.append(checks(forced_idx, ys)); traces.append(ys)
-    return generation_scores(routed, forced, len(task.strategies), traces, seed)
+    return {**generation_scores(routed, forced, len(task.strategies), traces, seed), "n_forced_inputs": len(forced_idx)}  # the inputs used
 
 # %% ../nbs/10a_hf.ipynb #498f52bd
 def check_hf_inputs(config: HFRunConfig,
@@ -321,6 +321,9 @@ def load_hf_run(run_dir,               # a run directory prepare_hf_run wrote
     rd = RunDir(run_dir)
     config = HFRunConfig.from_dict(read_json(rd.config)["config"])
     if not rd.scale.exists(): raise ValueError(f"{rd.scale} is missing: the run stopped before estimating c_theta")
+    check_run_files(rd)  # what a resume would refuse, a load refuses too
+    if config.fine_tune.steps and not check_saved_base(rd.fine_tuned, base_key(config)):  # its weights' sha256 checked
+        raise ValueError(f"{rd.fine_tuned} is missing: the run's fine-tuned base is gone; rerun its command to fine-tune it again")
     run = _hf_run(rd, config, device, fresh=False)
     if rd.checkpoint.exists(): load_trained_state(run.model, load_checkpoint(rd.checkpoint)["model"], rd.checkpoint)
     return run
@@ -418,6 +421,10 @@ def export_run(run_dir,                     # a run directory on a Hugging Face 
         (tmp / "README.md").write_text(model_card(config, whole_model, str(run_backbone(rd, config).resolve())))  # peft's own card is an empty template
         if out.is_dir(): out.rmdir()  # empty (checked): the rename takes its place
         os.replace(tmp, out)
+    except (KeyboardInterrupt, MemoryError, OSError, ValueError): raise
+    except Exception as e:  # safetensors' and tokenizers' own errors on a full disk or a vanished folder are not OSErrors
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise OSError(f"writing the export failed ({type(e).__name__}: {first})") from None
     finally: shutil.rmtree(tmp, ignore_errors=True)
     return out
 

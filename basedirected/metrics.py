@@ -421,7 +421,7 @@ def generation_metrics(model: DiscreteCVAE,        # a trained discrete CVAE
                        n_forced: int = 64,         # inputs under each forced code
                        seed: int = 0,              # seeds the codes drawn from the router, the sampling and the alignment nulls
                       ) -> dict:                   # `generation_scores` of the sampled responses
-    "Sample responses through the router and under each forced code, and score them (`generation_scores`, `validity_by_code`)."
+    "Sample responses through the router and under each forced code, and score them (`generation_scores`, `validity_by_code`); `n_forced_inputs` records how many inputs were forced."
     model.eval()
     device = next(model.parameters()).device
     routed_exs = [examples[i % len(examples)] for i in range(n_routed)]  # fewer held-out inputs than samples: each input again
@@ -437,7 +437,8 @@ def generation_metrics(model: DiscreteCVAE,        # a trained discrete CVAE
         yk, _, _ = sample_responses(model.generator, model.vocab, xs, max_len=budget, seed=seed + 1 + k, codes=[code] * len(xs), device=device)
         forced.append([task.check(x, y) for x, y in zip(xs, yk)]); traces.append([tuple(y) for y in yk])
         departures.append([departure(task, x, y) for x, y, c in zip(xs, yk, forced[-1]) if not c.valid])
-    return {**generation_scores(routed, forced, len(task.strategies), traces, seed), **validity_by_code(forced, departures)}
+    return {**generation_scores(routed, forced, len(task.strategies), traces, seed), **validity_by_code(forced, departures),
+            "n_forced_inputs": len(xs)}  # the inputs used: n_forced, or every held-out input where there are fewer
 
 # %% ../nbs/08_metrics.ipynb #5692ac97
 @torch.no_grad()

@@ -28,7 +28,7 @@ import torch.nn as nn
 from .base import (GATE, GATE_SAMPLES_PER_INPUT, FrozenReference, SurprisalCache, base_gate, gate_failures,
                                base_training_examples, estimate_model_reference_scale, pretrain_base)
 from .config import BASE_CHOICES, MAX_KL_WEIGHT, RunConfig
-from .conventions import patch, same_configuration
+from .conventions import MAX_TERM_WEIGHT, patch, same_configuration
 from .cvae import build_cvae
 from .machine import barrier, distributed_setup, environment_record, resolve_device, use_numerics
 from .model import EncodedExamples, ModelConfig, TinyCausalLM, layout_tokens
@@ -44,7 +44,8 @@ __all__ = ['MAX_RECORD_BYTES', 'BASE_CHECKPOINT_EVERY', 'LOADERS', 'RunDir', 'at
            'load_trained_state', 'file_lock', 'exclusive_run_dir', 'remove_temporaries', 'read_log', 'truncate_log',
            'run_vocab', 'load_base', 'base_source', 'prepare_base', 'prepare_reference_scale', 'check_gate_record',
            'prepare_gate', 'shared_surprisal', 'Run', 'read_reference_scale', 'write_run_record', 'write_command',
-           'check_writable', 'check_run_dir', 'RunInputError', 'check_sequence_lengths', 'prepare_run', 'load_run']
+           'check_writable', 'check_run_files', 'check_run_dir', 'RunInputError', 'check_sequence_lengths',
+           'prepare_run', 'load_run']
 
 # %% ../nbs/09a_runs.ipynb #7d7e3f85
 def _is_run_record(d: dict) -> bool: return isinstance(d.get("config"), dict) and isinstance(d.get("environment"), dict)
@@ -489,6 +490,8 @@ def _check_scale_file(path: Path) -> None:
         v = d[source].get("value") if isinstance(d[source], dict) else None
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             raise ValueError(f"{path}: the {source} estimate of c_theta is {v!r}, not a positive number; delete the file to estimate it again")
+        if v > MAX_TERM_WEIGHT: raise ValueError(f"{path}: the {source} estimate of c_theta is {v:g} nats per token, beyond any model's mean surprisal "
+                                                 f"(at most {MAX_TERM_WEIGHT:g}); delete the file to estimate it again")
 
 def _checked_checkpoint(path: Path) -> dict:
     "A CVAE checkpoint with its step, trained weights, optimizer states and configuration, every weight finite (`ValueError` names the file otherwise)."
@@ -524,6 +527,16 @@ def check_writable(path: Path):  # a directory to write (it need not exist yet)
             if not os.access(p, os.W_OK | os.X_OK): raise ValueError(f"{path}: {p} is not writable")
             return
 
+def check_run_files(rd: RunDir) -> None:
+    "Refuse (`ValueError` naming the file) a run directory's files that a resume or a load cannot trust: a $\\widehat c_\\theta$ that is not a positive number, a gate record whose verdict its figures contradict, a base without a model, a checkpoint without its parts or with non-finite weights."
+    if rd.scale.exists(): _check_scale_file(rd.scale)
+    if rd.gate.exists() and not isinstance(read_json(rd.gate).get("passes"), bool):
+        raise ValueError(f"{rd.gate} holds no gate verdict ('passes'); delete it to measure the gate again")
+    if rd.gate.exists(): check_gate_record(read_json(rd.gate), rd.gate)
+    if rd.base.exists() and not isinstance(load_checkpoint(rd.base).get("model"), dict):
+        raise ValueError(f"{rd.base} holds no model; delete it to train the base again")
+    if rd.checkpoint.exists(): _checked_checkpoint(rd.checkpoint)
+
 def check_run_dir(run_dir: Path,                     # the directory a run would write
                   config,                            # the run's RunConfig or HFRunConfig
                   resume_without_log: bool = False,  # a checkpoint without its log.jsonl may resume
@@ -536,12 +549,7 @@ def check_run_dir(run_dir: Path,                     # the directory a run would
         if not _is_run_record(record): raise ValueError(f"{rd.config} is not a run record of this package (no configuration and environment); choose another --run-dir")
         if not same_configuration(record["config"], config.to_dict(), config):
             raise ValueError(f"{rd.path} holds a run with a different configuration; choose another --run-dir or pass --force")
-    if rd.scale.exists(): _check_scale_file(rd.scale)
-    if rd.gate.exists() and not isinstance(read_json(rd.gate).get("passes"), bool):
-        raise ValueError(f"{rd.gate} holds no gate verdict ('passes'); delete it to measure the gate again")
-    if rd.gate.exists(): check_gate_record(read_json(rd.gate), rd.gate)
-    if rd.base.exists() and not isinstance(load_checkpoint(rd.base).get("model"), dict):
-        raise ValueError(f"{rd.base} holds no model; delete it to train the base again")
+    check_run_files(rd)
     if not rd.checkpoint.exists(): return
     ck = _checked_checkpoint(rd.checkpoint)
     if not same_configuration(ck.get("config"), config.to_dict(), config): raise ValueError(f"{rd.checkpoint} was written by a run with another configuration")
@@ -626,6 +634,7 @@ def load_run(run_dir: Path,          # a run directory the package wrote, on any
         task_class(spec, imports=False)  # a task of the user's own: registered when the user imported its module, else refused by name
     try: config = RunConfig.from_dict(record["config"])
     except (KeyError, TypeError, ValueError) as e: raise ValueError(f"{rd.config} holds no configuration this package can rebuild ({type(e).__name__}: {e})") from None
+    check_run_files(rd)  # what a resume would refuse, a load refuses too (the loader of a run on a backbone checks them itself)
     device = resolve_device(device)
     use_numerics(config)
     vocab = run_vocab(config)

@@ -32,7 +32,7 @@ def test_the_api_meets_the_same_ceiling(path, value):
 
 
 def test_weight_decay_and_the_learning_rate_together_stay_below_one():
-    with pytest.raises(ValueError, match=r"lr \* weight_decay must be < 1"): resolve_config("sorting", "theta", {"train.lr": 10.0, "train.weight_decay": 0.5})
+    with pytest.raises(ValueError, match=r"train.lr \* train.weight_decay must be < 1"): resolve_config("sorting", "theta", {"train.lr": 10.0, "train.weight_decay": 0.5})
     assert resolve_config("sorting", "theta", {"train.weight_decay": 0.1}).train.weight_decay == 0.1
 
 
@@ -59,3 +59,36 @@ def test_a_value_the_run_would_cap_is_refused_not_recorded(argv, message):
 def test_a_device_budget_must_be_finite_and_positive(budgets):
     from basedirected.experiments import DevicePlacer
     with pytest.raises(ValueError, match="finite positive memory budget"): DevicePlacer(budgets)
+
+
+API_REFUSALS = [
+    ({"train.steps": "100"}, "train.steps must be an integer"), ({"train.steps": None}, "train.steps must be given a value"),
+    ({"train.steps": 2.5}, "train.steps must be an integer"), ({"base.lr": math.inf}, "base.lr must be finite"),
+    ({"base.lr": 1e3}, "base.lr must be <= 10"), ({"base.weight_decay": math.nan}, "base.weight_decay must be finite"),
+    ({"base.weight_decay": -1.0}, "base.weight_decay must be >= 0"), ({"base.lr": 0.5, "base.weight_decay": 4.0}, "base.lr * base.weight_decay must be < 1"),
+    ({"base.input_overrides": [1, 2]}, "input_overrides must map the task's field names"), ({"base.input_overrides": 5}, "input_overrides must map"),
+    ({"base.input_overrides": {3: 1}}, "input_overrides must map"), ({"base.steps": 2.0}, "base.steps must be an integer"),
+    ({"base.null_block_fraction": math.nan}, "base.null_block_fraction must be finite"), ({"cvae.K": 10**6}, "cvae.K must be <= 64"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", API_REFUSALS, ids=[next(iter(o)) + "=" + repr(v)[:12] for o, _ in API_REFUSALS for v in [next(iter(o.values()))]])
+def test_the_api_refuses_what_no_option_could_give_by_name(overrides, message):
+    with pytest.raises(ValueError, match=message.replace("*", r"\*")): resolve_config("sorting", overrides=overrides)
+
+
+@pytest.mark.parametrize("overrides", [[("train.steps", 5)], "train.steps=5", {5: 1}])
+def test_overrides_that_are_not_a_dict_of_paths_are_refused(overrides):
+    with pytest.raises(ValueError, match="overrides must be a dict of dotted configuration paths"): resolve_config("sorting", overrides=overrides)
+    with pytest.raises(ValueError, match="overrides must be a dict of dotted configuration paths"): resolve_config("sorting", backbone="/m", overrides=overrides)
+
+
+def test_a_record_cannot_ask_for_more_codes_than_an_option_could():
+    from basedirected.config import HFRunConfig, RunConfig
+    from basedirected.cvae import CVAEConfig
+    for k in (65, 10**6, 2**31):
+        with pytest.raises(ValueError, match="K must be <= 64"): CVAEConfig(K=k)
+    record = HFRunConfig("m", "d").to_dict(); record["cvae"]["K"] = 10**6  # an HF record edited to a million codes: refused before export builds it
+    with pytest.raises(ValueError, match="K must be <= 64"): HFRunConfig.from_dict(record)
+    record = RunConfig().to_dict(); record["cvae"]["K"] = 10**6
+    with pytest.raises(ValueError, match="K must be <= 64"): RunConfig.from_dict(record)

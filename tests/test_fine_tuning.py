@@ -64,7 +64,7 @@ def test_the_command_fine_tunes_gates_and_refuses_a_failed_base(backbone, tmp_pa
     assert record["key"]["fine_tune"]["steps"] == 8 and len(record["losses"]) == 8
     assert train_main(_cmd(backbone, run, "--allow-failed-base")) == 0  # the same run, allowed: fine-tuning and gate are read back
     m = read_json(rd.metrics)
-    assert m["eval_split"] == "eval_data" and "gen_alignment_controlled_all" in m
+    assert m["eval_split"] == "eval_data" and "gen_alignment_controlled_all" in m and m["gen_n_forced_inputs"] == 8
     assert read_json(rd.config)["config"]["fine_tune"]["steps"] == 8
 
 

@@ -493,6 +493,30 @@ def test_export_writes_beside_out_and_refuses_in_one_line_what_it_cannot_write(d
         refused(small / "out", "No space left on device; nothing was exported")
         assert list(small.iterdir()) == []  # no partial export, and no temporary left
     finally: subprocess.run(["umount", str(small)])
+    failed = []
+    for size in ("16k", "48k", "96k", "160k"):  # full at another file: the weights (safetensors' own error), the tokenizer (tokenizers'), the card
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(small)], check=True)
+        try:
+            try: code = export_main([str(tmp_path / "run"), str(small / "out")])
+            except SystemExit as e: code = e.code
+            lines = capsys.readouterr().err.strip().splitlines()
+            assert code in (0, 2) and len(lines) <= 1 and "Traceback" not in "\n".join(lines), (size, lines)
+            if code == 2: assert "nothing was exported" in lines[0] and list(small.iterdir()) == [], (size, lines)
+            failed.append(code == 2)
+        finally: subprocess.run(["umount", str(small)])
+    assert any(failed)  # the disk ran out at least once past the first file
+
+
+def test_a_ctrl_c_while_export_imports_transformers_is_one_line(tmp_path, capsys, monkeypatch):
+    import importlib
+    real = importlib.import_module
+    def interrupted(name, *a, **k):
+        if name == "basedirected.hf": raise KeyboardInterrupt
+        return real(name, *a, **k)
+    monkeypatch.setattr(importlib, "import_module", interrupted)
+    with pytest.raises(SystemExit) as e: export_main([str(tmp_path / "run"), str(tmp_path / "out")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 130 and lines == ["basedirected-export: interrupted; nothing was exported"]
 
 
 def test_a_lora_run_leaks_no_library_warning(data, tmp_path):

@@ -46,3 +46,33 @@ def test_a_damaged_file_is_one_line_naming_it(stopped, tmp_path, capsys, run, na
     errors = [l for l in err if "error:" in l]
     assert code in (0, 2) and "Traceback" not in "\n".join(err), err
     if code == 2: assert len(errors) == 1 and ("base" in errors[0] or name in errors[0]), err
+
+
+def _nan_weights(p: Path):
+    import torch
+    ck = torch.load(p, weights_only=True)
+    name = next(k for k, t in ck["model"].items() if t.is_floating_point())
+    ck["model"][name] = ck["model"][name] * float("nan"); torch.save(ck, p)
+
+
+def _huge_scale(p: Path):
+    import json
+    d = json.loads(p.read_text()); d[d["used"]]["value"] = 1e308; p.write_text(json.dumps(d))
+
+
+def _flipped_verdict(p: Path):
+    import json
+    d = json.loads(p.read_text()); d["passes"] = not d["passes"]; p.write_text(json.dumps(d))
+
+
+@pytest.mark.parametrize("name, damage, message", [("checkpoint.pt", _nan_weights, "non-finite weights"),
+                                                   ("reference_scale.json", _huge_scale, "beyond any model's mean surprisal"),
+                                                   ("base_gate.json", _flipped_verdict, "the record was changed")])
+def test_load_run_refuses_what_a_resume_refuses(stopped, tmp_path, capsys, name, damage, message):
+    from basedirected.runs import load_run
+    d = tmp_path / "here"
+    shutil.copytree(stopped / "here", d, symlinks=True)
+    damage(d / name)
+    with pytest.raises(ValueError, match=message): load_run(d)
+    with pytest.raises(SystemExit) as e: train_main(["--run-dir", str(d), *HERE])
+    assert e.value.code == 2 and message in capsys.readouterr().err
