@@ -18,17 +18,18 @@ from pathlib import Path
 
 import torch
 
-from .experiments import (PRESETS, Preset, RunSpec, check_base_gate, check_same_bases, check_sweep_dir, clear_held_cells, current_names, finished, finished_record, plan,
-                                      prepare_shared_base, record_preset, run_pack, selected_bases, skipped_cells, SweepDir)
+from .collection import SweepDir, read_records
+from .experiments import (PRESETS, Preset, RunSpec, check_base_gate, check_same_bases, check_sweep_dir, clear_held_cells, finished, finished_record, plan,
+                                      prepare_shared_base, record_preset, run_pack, selected_bases, skipped_cells)
 from .groups import pack_groups
 from .model import ModelConfig
 from .config import coordinate_name, coordinates
-from .runs import RunDir, atomic_write_json, check_writable, read_json, read_table
+from .runs import RunDir, atomic_write_json, check_writable, read_json
 
 # %% auto #0
-__all__ = ['EXECUTORS', 'CLUSTERS', 'ClusterConfig', 'PackJob', 'preset_from_record', 'read_records', 'earlier_collection',
-           'collect', 'ClusterError', 'resolve_cluster', 'job_resources', 'make_executor', 'unfinished_packs',
-           'record_jobs', 'job_failure', 'watch_jobs', 'submit_sweep']
+__all__ = ['EXECUTORS', 'CLUSTERS', 'ClusterConfig', 'PackJob', 'preset_from_record', 'earlier_collection', 'collect',
+           'ClusterError', 'resolve_cluster', 'job_resources', 'make_executor', 'unfinished_packs', 'record_jobs',
+           'job_failure', 'watch_jobs', 'submit_sweep']
 
 # %% ../nbs/11a_cluster.ipynb #49dcb7c0
 EXECUTORS = ("pool", "submitit")
@@ -133,28 +134,6 @@ def preset_from_record(out: Path,  # a sweep directory, holding its preset.json
     recorded = {k: v for k, v in json.loads(json.dumps(asdict(preset))).items() if k in record or v != defaults.get(k)}  # a field added since: its default
     if recorded != record: raise ValueError(f"{path} describes a preset this version cannot rebuild")
     return preset
-
-# %% ../nbs/11a_cluster.ipynb #c5881fee
-def _restored(v: str):
-    "A `results.csv` cell as its record held it: empty is no value, 'True'/'False' a flag, digits an integer, else a float or the text."
-    if v == "": return None
-    if v in ("True", "False"): return v == "True"
-    if v.lstrip("-").isdigit(): return int(v)
-    try: return float(v)
-    except ValueError: return v
-
-def read_records(out: Path,         # a collected sweep's directory (or its reference copy)
-                ) -> list[dict]:    # one record per run, in the file's order
-    "A collection's records as its cells' `metrics.json` held them (in today's names, `current_names`), as far as its files keep them: every scalar of `results.csv` (a value the run did not have is no key) and `gain_per_position` from `positions.csv`."
-    out = Path(out)
-    if not SweepDir(out).results.is_file(): raise FileNotFoundError(f"{SweepDir(out).results} not found: {out} holds no collected sweep")
-    records = [current_names({k: x for k, v in row.items() if (x := _restored(v)) is not None}) for row in read_table(SweepDir(out).results, ("key",))]
-    gains = {}
-    if (out / "positions.csv").is_file():
-        for row in read_table(out / "positions.csv", ("key", "position", "gain")): gains.setdefault(row["key"], []).append((int(row["position"]), float(row["gain"])))
-    for r in records:
-        if r.get("key") in gains: r["gain_per_position"] = [g for _, g in sorted(gains[r["key"]])]
-    return records
 
 # %% ../nbs/11a_cluster.ipynb #9d023fbd
 def earlier_collection(out: Path,      # the sweep's output directory

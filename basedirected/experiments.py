@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from .base import FrozenReference, gate_failures
+from .collection import SweepDir, base_dir, current_names, lock_path
 from .conventions import same_configuration
 from .model import ModelConfig
 from .objective import OBJECTIVE_NAMES, objectives
@@ -39,12 +40,11 @@ from .groups import pack_groups, train_group
 # %% auto #0
 __all__ = ['PRESETS', 'SIZE_FIELDS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVATION', 'CUDA_CONTEXT_GIB',
            'check_preset', 'with_arm', 'Preset', 'RunSpec', 'cell_overrides', 'size_tag', 'plan', 'plan_cost',
-           'SweepDir', 'base_dir', 'lock_path', 'prepare_shared_base', 'check_base_gate', 'select_bases',
-           'selected_bases', 'skipped_cells', 'clear_cells', 'finished_record', 'finished', 'check_sweep_dir',
-           'record_preset', 'current_names', 'cell_locks', 'clear_held_cells', 'run_cell', 'run_group_cells',
-           'run_pack', 'die_with_parent', 'SweepWorkers', 'pack_memory_gib', 'DevicePlacer', 'cuda_budgets_gib',
-           'run_placed', 'copy_bases', 'seed_bases', 'earlier_cells', 'check_same_bases', 'check_earlier_bases',
-           'execute']
+           'prepare_shared_base', 'check_base_gate', 'select_bases', 'selected_bases', 'skipped_cells', 'clear_cells',
+           'finished_record', 'finished', 'check_sweep_dir', 'record_preset', 'cell_locks', 'clear_held_cells',
+           'run_cell', 'run_group_cells', 'run_pack', 'die_with_parent', 'SweepWorkers', 'pack_memory_gib',
+           'DevicePlacer', 'cuda_budgets_gib', 'run_placed', 'copy_bases', 'seed_bases', 'earlier_cells',
+           'check_same_bases', 'check_earlier_bases', 'execute']
 
 # %% ../nbs/11_experiments.ipynb #f6765ca6
 def check_preset(p):  # the Preset being built (its class is defined below, in the cell that calls this)
@@ -401,42 +401,6 @@ def plan_cost(preset: Preset,
     if run_steps_per_min: out["cvae_minutes"] = run_steps / run_steps_per_min
     return out
 
-# %% ../nbs/11_experiments.ipynb #bec1e2e9
-@dataclass(frozen=True)
-class SweepDir:
-    "Where a sweep's files live (the one place that spells its layout): a run directory per cell, the shared bases, the processes' locks, its records."
-    path: Path
-    FOLDERS = ("runs", "bases", "locks")  # a run directory per cell, the shared bases, the processes' locks
-    def __post_init__(self): object.__setattr__(self, "path", Path(self.path))
-    def run(self, key: str) -> RunDir: return RunDir(self.path / "runs" / key)                       # a cell's run directory
-    def base(self, regime: str, seed: int) -> Path: return self.path / "bases" / f"{regime}-s{seed}"  # a (task, data seed)'s shared base
-    def lock(self, name: str) -> Path: return self.path / "locks" / f"{name}.lock"                    # a cell's key, or 'base-' and a base's name
-    runs = property(lambda self: self.path / "runs")
-    bases = property(lambda self: self.path / "bases")
-    preset = property(lambda self: self.path / "preset.json")    # the grid and environment, written before any cell
-    jobs = property(lambda self: self.path / "jobs.json")        # a cluster's job ids and logs per cell
-    summary = property(lambda self: self.path / "summary.json")  # what ran, written with the tables
-    results = property(lambda self: self.path / "results.csv")   # one row per finished cell: every scalar of its metrics
-    curves = property(lambda self: self.path / "curves.csv")     # every finished cell's held-out curve over training
-    gates = property(lambda self: self.path / "base_gates.json") # the quality gate of every base its cells adapted from
-    def gate_records(self) -> dict: return read_json(self.gates) if self.gates.is_file() else {}  # by base directory name
-    def inside(self, path: Path) -> Path:
-        "`path`, refused (`ValueError`) where it, or a link on the way to it, leads outside the collection: a sweep writes and deletes only in OUT."
-        path, root = Path(path), self.path.resolve()
-        if not path.resolve().is_relative_to(root):
-            raise ValueError(f"{path} leads to {path.resolve()}, outside the collection {self.path}: a sweep writes and deletes only inside it "
-                             "(remove the link, or copy the run into the collection); nothing was changed")
-        return path
-
-def base_dir(out: Path,   # the sweep's directory
-             regime: str,  # the task (or visiting-order regime)
-             seed: int,    # the data seed
-            ) -> Path: return SweepDir(out).base(regime, seed)
-
-def lock_path(out: Path,   # the sweep's directory
-              name: str,   # a cell's key, or 'base-' and a base's directory name
-             ) -> Path: return SweepDir(out).lock(name)
-
 # %% ../nbs/11_experiments.ipynb #7e3feaf4
 def prepare_shared_base(out: Path,            # the sweep's directory
                         spec: RunSpec,        # a cell of the (task, data seed) whose base this is
@@ -591,20 +555,6 @@ def _cell_record(spec: RunSpec, run, final: dict, seconds: float) -> dict:
     return complete(run, final, {"key": spec.key, "objective": spec.objective, "seed": spec.seed, "regime": spec.regime, "tau_target": spec.tau, "beta_target": spec.beta,
               "latent": spec.latent, "posterior": spec.posterior, "K": spec.K, "alpha": spec.alpha, "gamma": spec.gamma,
               **coordinate_record(spec.config), "seconds": seconds})
-
-# %% ../nbs/11_experiments.ipynb #9683eaa1
-_KEY_WEIGHT = re.compile(r"-([tb])(\d+(?:\.\d+)?(?:e[+-]\d+)?)-")  # a cell key's KL weight: '-t0.07-' or '-b0.05-'
-
-def current_names(record: dict,  # a run's record, as written then
-                 ) -> dict:      # the same record in today's names for its KL weight
-    "A record with `tau_target`/`beta_target` (its cell's KL weight) and `tau_effective`/`beta_effective` (what it trained at): an older record's `tau` is renamed, its `beta` dropped, its target read from its key where it has none."
-    r = dict(record)
-    if "tau" in r: r.setdefault("tau_effective", r.pop("tau"))
-    beta = r.pop("beta", None)
-    if r.get("tau_target") is None and r.get("beta_target") is None:
-        if m := _KEY_WEIGHT.search(str(r.get("key", ""))): r["tau_target" if m[1] == "t" else "beta_target"] = float(m[2])
-        elif beta is not None: r["beta_target"] = beta  # from before tau cells, whose keys had no weight: beta was the target
-    return r
 
 # %% ../nbs/11_experiments.ipynb #99c424bd
 def cell_locks(out: Path,             # the sweep's directory

@@ -14,9 +14,8 @@ from pathlib import Path
 import torch
 
 from .base import SurprisalCache
-from .cluster import read_records
+from .collection import SweepDir, current_names, read_records
 from .comparisons import across_base_interval, contrast_interval, settled_runs, sign_flip_pvalue, variance_components, within_base_interval
-from .experiments import SweepDir, current_names
 from .reconstruction import TERM_NAMES
 from .pretrained import shipped_name
 from .runs import RunDir, atomic_write_bytes, atomic_write_json, load_run, read_json, read_log, read_table
