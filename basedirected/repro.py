@@ -15,14 +15,14 @@ from pathlib import Path
 
 from .config import OneLineParser, add_dataclass_options, dataclass_from_args
 from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, earlier_collection, preset_from_record, read_records, submit_sweep
-from .experiments import PRESETS, SweepDir, earlier_cells, execute, finished, plan, seed_bases
+from .experiments import PRESETS, SweepDir, base_dir, earlier_cells, execute, finished, plan, seed_bases
 from .reports import answer_text, compare_collections, comparison_text, write_reports
 from .runs import atomic_write_bytes, check_writable, read_json, read_table
 from .machine import environment_record, resolve_device
-from .train import NonFiniteError
+from .train import NonFiniteError, run_plan
 
 # %% auto #0
-__all__ = ['reference_minutes', 'preset_help', 'repro_parser', 'check_reference', 'repro_main']
+__all__ = ['sweep_plan', 'sweep_plan_text', 'reference_minutes', 'preset_help', 'repro_parser', 'check_reference', 'repro_main']
 
 # %% ../nbs/12b_repro.ipynb #f5b15308
 def _missing_message(out: Path, missing: list[str]) -> str:
@@ -55,14 +55,58 @@ def _run_sweep(a, out: Path, cluster: ClusterConfig, jobs: int, group_size: int)
         records, missing = collect(out, preset)
         return records, missing, {"preset": a.preset, "executor": "submitit", "cluster": report["cluster"], "jobs_submitted": report["submitted"],
                                   "jobs_failed": len(report["failed"]), "group_size": group_size, "compiled": a.compile}
+    p = sweep_plan(out, preset, jobs, a.only, earlier, a.force, "train" if a.train_bases else "auto")
+    print(sweep_plan_text(p, a.preset), flush=True)
     records = execute(out, preset, jobs=jobs, device=a.device, force=a.force, progress=not a.quiet, group_size=group_size, compile=a.compile,
                       earlier=earlier, only=a.only, base="train" if a.train_bases else "auto", tensorboard=a.tensorboard)
-    summary = {"preset": a.preset, "executor": "pool", "jobs": jobs, "group_size": group_size, "compiled": a.compile, **({"only": a.only} if a.only else {}),
+    summary = {"preset": a.preset, "executor": "pool", "finished_before": p["finished"] + p["earlier"], "jobs": jobs, "group_size": group_size, "compiled": a.compile, **({"only": a.only} if a.only else {}),
                "bases": "trained here" if a.train_bases else "shipped where one serves the recipe"}
     if earlier is None and a.only is None: return records, [], summary
     if earlier is None: return (*collect(out, preset), summary)  # every finished cell of the directory, and the others named missing
     records, missing = collect(out, preset, earlier)  # this sitting's cells, and the earlier collection's
     return records, missing, {**summary, "earlier": _earlier_summary(out, preset, records, earlier)}
+
+# %% ../nbs/12b_repro.ipynb #07d7ff33
+def _time_kind(s) -> tuple:
+    "What a cell's estimated time depends on: cells alike in these are timed once."
+    return (s.regime, s.config.train.steps, s.config.train.batch_size, s.K, s.posterior, s.config.cvae.latent, str(s.config.base.model))
+
+def sweep_plan(out: Path,                 # the sweep's directory (it may hold finished cells)
+               preset,                    # the preset it runs
+               jobs: int = 1,             # worker processes (the cells' time is shared among them)
+               only: str | None = None,   # --only: the cells this invocation trains
+               earlier: Path | None = None,  # --earlier: a collection whose cells are not trained again
+               force: bool = False,       # --force: finished cells train again
+               base: str = "auto",        # 'auto' or 'train' (--train-bases)
+              ) -> dict:                  # counts of cells and bases, and the estimated seconds
+    "What a sweep will do from what `out` holds: its cells finished, held by `earlier`, left for another sitting and to train now; its bases to install or pre-train; and the time this machine should take."
+    every = plan(preset)
+    chosen = [s for s in every if only is None or re.search(only, s.key)]
+    before = earlier_cells(earlier)[0] if earlier is not None else set()
+    held = [s for s in chosen if s.key in before]
+    todo = [s for s in chosen if s.key not in before and (force or not finished(out, s))]
+    bases, seconds_by_kind = {}, {}
+    for s in todo:
+        if s.shared_base not in bases:
+            bases[s.shared_base] = [r for r in run_plan(base_dir(out, *s.shared_base), s.config, base, metrics=False) if r["phase"] in ("base", "c_theta", "gate")]
+        if _time_kind(s) not in seconds_by_kind:
+            seconds_by_kind[_time_kind(s)] = sum(r["seconds"] for r in run_plan(SweepDir(out).run(s.key).path, s.config, base) if r["phase"] in ("cvae", "metrics"))
+    cells = sum(seconds_by_kind[_time_kind(s)] for s in todo)
+    trained = [rows for rows in bases.values() if any(r["seconds"] > 0 for r in rows)]
+    base_seconds = sum(r["seconds"] for rows in bases.values() for r in rows)
+    return {"cells": len(every), "chosen": len(chosen), "earlier": len(held), "finished": len(chosen) - len(held) - len(todo), "to_train": len(todo),
+            "bases": len(bases), "bases_to_train": len(trained), "jobs": jobs,
+            "seconds": base_seconds / max(1, min(jobs, len(trained))) + cells / max(1, min(jobs, len(todo)))}
+
+def sweep_plan_text(p: dict, preset_name: str) -> str:
+    "The plan in two lines."
+    left = p["cells"] - p["chosen"]
+    cells = (f"plan: {p['chosen']} of preset {preset_name}'s {p['cells']} cells" if left else f"plan: the {p['cells']} cells of preset {preset_name}") + (
+        f": {p['finished']} finished, " if p["finished"] else ": ") + (f"{p['earlier']} in the earlier collection, " if p["earlier"] else "") + f"{p['to_train']} to train"
+    bases = (f"; {p['bases']} shared base{'s' * (p['bases'] != 1)}, {p['bases_to_train']} to pre-train here" if p["bases"] else "")
+    if not (p["to_train"] or p["bases_to_train"]): return cells + bases  # no estimate for nothing
+    return (cells + bases + f"\n  estimated {p['seconds'] / 60:.1f} min on this machine with {p['jobs']} worker process{'es' * (p['jobs'] != 1)} "
+            "(a timed pass of each model; the bar below corrects it)")
 
 # %% ../nbs/12b_repro.ipynb #b7584c66
 def reference_minutes(preset: str,  # a preset's name
@@ -223,7 +267,9 @@ def _report(a, out: Path, records: list[dict], missing: list[str], summary: dict
         print(f"tables in {out}/table.md and stats.md; the answer, drawn in {out}/figures/answer.png:")
         print(answer_text(records))
     env = environment_record(0)
-    print(f"{len(records)} runs in {wall:.0f} s on {env['cpu_count']} CPU cores{' + ' + env['cuda'] if env['cuda'] else ''}; "
+    before = summary.get("finished_before") or 0
+    done = "" if not before else " (every one finished before this command: none trained now)" if before >= len(records) else f" ({before} finished before this command)"
+    print(f"{len(records)} runs{done} in {wall:.0f} s on {env['cpu_count']} CPU cores{' + ' + env['cuda'] if env['cuda'] else ''}; "
           f"tables, figures and per-run logs in {out}/")
     if missing: print(_missing_message(out, missing))
     if a.compare is not None and records: _compare(out, records, Path(a.compare))

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -41,6 +42,25 @@ def test_rerun_skips_finished_runs(smoke_dir):
     stamp = {k: os.path.getmtime(smoke_dir / "runs" / k / "metrics.json") for k in keys}
     execute(smoke_dir, PRESETS["smoke"], progress=False)
     assert stamp == {k: os.path.getmtime(smoke_dir / "runs" / k / "metrics.json") for k in keys}
+
+
+def test_the_sweep_says_its_plan_first_and_what_it_trained_last(smoke_dir, tmp_path, capsys):
+    "The plan names the cells finished and to train and an estimate before any cell trains; a rerun that trains nothing says so at the end."
+    from basedirected.repro import repro_main, sweep_plan
+    n = len(plan(PRESETS["smoke"]))
+    fresh = sweep_plan(tmp_path / "new", PRESETS["smoke"], jobs=2)
+    assert (fresh["cells"], fresh["to_train"], fresh["finished"]) == (n, n, 0) and fresh["bases"] >= 1 and fresh["seconds"] > 0
+    done = sweep_plan(smoke_dir, PRESETS["smoke"], jobs=2)
+    assert (done["to_train"], done["finished"], done["seconds"]) == (0, n, 0)
+    assert sweep_plan(smoke_dir, PRESETS["smoke"], jobs=2, force=True)["to_train"] == n
+    only = plan(PRESETS["smoke"])[0].key
+    assert sweep_plan(tmp_path / "new", PRESETS["smoke"], only=f"^{only}$")["to_train"] == 1
+    copy = tmp_path / "copy"; shutil.copytree(smoke_dir, copy)  # the session's sweep stays as the other tests read it
+    capsys.readouterr()
+    assert repro_main(["--preset", "smoke", "--out", str(copy), "--quiet", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"plan: the {n} cells of preset smoke: {n} finished, 0 to train" and "estimated" not in out
+    assert f"{n} runs (every one finished before this command: none trained now) in" in out
 
 
 def test_interrupted_run_resumes(tmp_path):
