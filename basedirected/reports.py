@@ -648,7 +648,6 @@ def figure_answer(out: Path,  # the sweep's output directory (the figure goes to
                  ):
     "The answer drawn, one column per task and cell: above, each arm's controlled alignment per run (coloured by base) beside its chance level; below, each contrast's per-run differences in alignment above chance with its interval (`answer_rows`)."
     import matplotlib.pyplot as plt
-    from basedirected.cluster import read_records
     records = [r for r in read_records(out) if r.get("latent") == "discrete" and isinstance(r.get(ANSWER_METRIC), float)]
     rows = answer_rows(records)
     groups = sorted({(r["regime"], r["cell"], r["posterior"], r["K"]) for r in rows}, key=lambda g: tuple(map(str, g)))
@@ -854,7 +853,6 @@ def strict_rule_in_nats(out: Path,              # a sweep's output directory or 
                         fall: float = GENERATOR_FALL_NATS,
                        ) -> dict[str, dict]:    # key -> settled, alignment_range_last, recon_fall_nats, settled_strict_nats (None: cannot be judged)
     "The stricter rule with its loss criterion in nats per token: settled by the rate, the posterior's alignment ranging by < 0.05 over the last fifth, and the held-out reconstruction falling there by less than `fall` nats per token."
-    from basedirected.cluster import read_records
     from basedirected.metrics import GENERATOR_ALIGNMENT_RANGE
     verdicts, recon = curve_verdicts(out), {}
     with open(SweepDir(out).curves, newline="") as f:

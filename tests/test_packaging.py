@@ -148,6 +148,12 @@ def test_no_module_imports_from_a_module_above_it():
             assert order.index(name) < i, f"{mod} (notebook {i}) imports {name}, which comes later in the reading order"
 
 
+def test_the_reports_stand_on_the_collection_not_on_the_runner_or_the_executor():
+    "A collection's files are named once (`basedirected.collection`); the reports read them there, in any form of import."
+    found = _package_imports("reports")
+    assert "collection" in found and not found & {"experiments", "cluster", "repro"}, found
+
+
 def _circle(graph: dict[str, set[str]]) -> list[str] | None:
     "The first import circle of `graph` (module -> modules it imports), as a path that returns to its start; None if there is none."
     def walk(path):
