@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 
 from .collection import SweepDir, read_records
-from .experiments import (PRESETS, Preset, RunSpec, check_base_gate, check_same_bases, check_sweep_dir, clear_held_cells, finished, finished_record, plan,
-                                      prepare_shared_base, record_preset, run_pack, selected_bases, skipped_cells)
+from .experiments import (check_base_gate, check_same_bases, check_sweep_dir, clear_held_cells, finished, finished_record, prepare_shared_base,
+                                      record_preset, run_pack, selected_bases, skipped_cells)
+from .presets import PRESETS, Preset, RunSpec, plan
 from .groups import pack_groups
 from .model import ModelConfig
 from .config import coordinate_name, coordinates

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .cluster import read_records
 from .comparisons import contrast_interval
-from .experiments import SweepDir
+from .collection import SweepDir
 from .reports import _comparisons, _paired_units
 
 # %% auto #0

@@ -27,7 +27,7 @@ import dataclasses, json, sys, time, tempfile
 from pathlib import Path
 import basedirected.runs as R
 import basedirected.train as T
-from basedirected.experiments import PRESETS, plan
+from basedirected.presets import PRESETS, plan
 from basedirected.runs import prepare_run
 steps, now = int(sys.argv[1]), sys.argv[2] == "1"
 out = []

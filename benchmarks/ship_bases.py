@@ -8,7 +8,9 @@ A base joins the catalogue once; a name already listed is skipped. Run from a cl
 import sys
 from pathlib import Path
 
-from basedirected.experiments import PRESETS, plan, prepare_shared_base
+from basedirected.experiments import prepare_shared_base
+
+from basedirected.presets import PRESETS, plan
 from basedirected.pretrained import add_to_catalogue, catalogue
 from basedirected.machine import cpu_model, environment_record
 

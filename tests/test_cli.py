@@ -14,7 +14,7 @@ import torch
 from basedirected.cli import train_main
 from basedirected.config import build_parser, option_help, OPTIONS
 from basedirected.cluster import ClusterConfig, preset_from_record
-from basedirected.experiments import PRESETS, plan
+from basedirected.presets import PRESETS, plan
 from basedirected.repro import repro_main
 from basedirected.runs import RunDir, read_json
 from basedirected.config import RunConfig

@@ -17,7 +17,8 @@ import pytest
 submitit = pytest.importorskip("submitit")
 
 from basedirected.cluster import ClusterConfig, PackJob, collect, make_executor, submit_sweep
-from basedirected.experiments import PRESETS, execute, plan
+from basedirected.experiments import execute
+from basedirected.presets import PRESETS, plan
 from basedirected.repro import repro_main
 from basedirected.runs import RunDir, read_json, read_log
 

@@ -14,7 +14,8 @@ from basedirected.base import BaseTrainConfig
 from basedirected.config import RunConfig, TrainConfig
 from basedirected.conventions import same_configuration
 from basedirected.cvae import CVAEConfig
-from basedirected.experiments import PRESETS, _stale, plan
+from basedirected.experiments import _stale
+from basedirected.presets import PRESETS, plan
 from basedirected.model import ModelConfig
 from basedirected.pretrained import catalogue, check_pretrained, pretrained_for, same_recipe
 from basedirected.runs import RunDir, check_run_dir

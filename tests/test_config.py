@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from basedirected.config import build_parser, config_from_args
-from basedirected.experiments import PRESETS, plan
+from basedirected.presets import PRESETS, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ROOT / "tests" / "data" / "preset_keys.json"  # each preset's cell keys when this test was written: count, digest, first and last

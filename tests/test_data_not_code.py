@@ -98,7 +98,7 @@ def test_a_task_of_the_users_own_is_imported_only_when_the_user_names_it(tmp_pat
 
 def test_a_cell_linked_outside_its_collection_is_never_written_or_deleted(tmp_path):
     "runs/<cell> a link to a folder elsewhere: rerunning the sweep (and --force --only) refuses by name, and the folder outside is unchanged."
-    from basedirected.experiments import PRESETS, plan
+    from basedirected.presets import PRESETS, plan
     out, elsewhere = tmp_path / "sweep", tmp_path / "elsewhere"
     spec = plan(PRESETS["smoke"])[0]
     elsewhere.mkdir(); (elsewhere / "config.json").write_text('{"config": {}, "note": "a run of someone else"}'); (elsewhere / "notes.txt").write_text("keep")

@@ -11,7 +11,9 @@ import sys
 
 import pytest
 
-from basedirected.experiments import PRESETS, execute, plan, run_cell
+from basedirected.experiments import execute, run_cell
+
+from basedirected.presets import PRESETS, plan
 from basedirected.objective import objectives
 from basedirected.reports import aggregate, markdown_table, write_figures
 from basedirected.repro import repro_main

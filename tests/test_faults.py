@@ -391,7 +391,8 @@ def test_api_edge_inputs_raise_value_errors_instead_of_nan():
 
 def test_a_shared_base_is_keyed_by_its_configuration(tmp_path):
     import dataclasses
-    from basedirected.experiments import PRESETS, execute
+    from basedirected.experiments import execute
+    from basedirected.presets import PRESETS
     preset = dataclasses.replace(PRESETS["smoke"], objectives=("celbo",), posteriors=("exact",))
     execute(tmp_path, preset, progress=False)
     changed = dataclasses.replace(preset, base_steps=preset.base_steps + 5)
@@ -442,7 +443,8 @@ def test_a_sweep_killed_with_kill_9_leaves_no_process_of_its_own_alive(tmp_path)
 def test_a_sweep_cell_waits_for_a_live_process_holding_it_and_cleans_its_debris(tmp_path):
     import dataclasses
     import threading
-    from basedirected.experiments import PRESETS, execute, lock_path, plan, run_cell
+    from basedirected.experiments import execute, lock_path, run_cell
+    from basedirected.presets import PRESETS, plan
     from basedirected.runs import file_lock
     preset = dataclasses.replace(PRESETS["smoke"], objectives=("celbo",), posteriors=("exact",))
     spec = plan(preset)[0]
@@ -461,7 +463,8 @@ def test_a_sweep_cell_waits_for_a_live_process_holding_it_and_cleans_its_debris(
 
 def test_repro_force_removes_only_what_the_package_wrote(tmp_path):
     import dataclasses
-    from basedirected.experiments import PRESETS, base_dir, execute, plan
+    from basedirected.experiments import base_dir, execute
+    from basedirected.presets import PRESETS, plan
     preset = dataclasses.replace(PRESETS["smoke"], objectives=("celbo",), posteriors=("exact",))
     execute(tmp_path, preset, progress=False)
     spec = plan(preset)[0]
@@ -484,7 +487,7 @@ def test_repro_force_removes_only_what_the_package_wrote(tmp_path):
 ])
 def test_a_sweeps_damaged_files_are_named_in_one_line(smoke_dir, tmp_path, capsys, path, damage, message):
     import shutil
-    from basedirected.experiments import PRESETS, plan
+    from basedirected.presets import PRESETS, plan
     from basedirected.repro import repro_main
     out = tmp_path / "sweep"; shutil.copytree(smoke_dir, out)
     damage(out / path.format(key=plan(PRESETS["smoke"])[0].key))
@@ -765,7 +768,7 @@ def _cell_command(out, key):
 
 def test_rerunning_a_finished_cells_command_keeps_the_sweeps_record(smoke_dir, tmp_path, capsys):
     import shutil
-    from basedirected.experiments import PRESETS, plan
+    from basedirected.presets import PRESETS, plan
     from basedirected.repro import repro_main
     out = tmp_path / "sweep"; shutil.copytree(smoke_dir, out)
     key = plan(PRESETS["smoke"])[0].key
@@ -778,7 +781,7 @@ def test_rerunning_a_finished_cells_command_keeps_the_sweeps_record(smoke_dir, t
 
 def test_a_cell_record_another_writer_left_is_rewritten_by_the_sweep_and_collect_never_tracebacks(smoke_dir, tmp_path, capsys):
     import shutil
-    from basedirected.experiments import PRESETS, plan
+    from basedirected.presets import PRESETS, plan
     from basedirected.repro import repro_main
     out = tmp_path / "sweep"; shutil.copytree(smoke_dir, out)
     key = plan(PRESETS["smoke"])[0].key
@@ -795,7 +798,8 @@ def test_a_cell_record_another_writer_left_is_rewritten_by_the_sweep_and_collect
 def test_a_sweep_and_basedirected_train_never_share_a_cell(smoke_dir, tmp_path, capsys):
     import fcntl
     import shutil
-    from basedirected.experiments import PRESETS, cell_locks, plan, run_cell
+    from basedirected.experiments import cell_locks, run_cell
+    from basedirected.presets import PRESETS, plan
     out = tmp_path / "sweep"; shutil.copytree(smoke_dir, out)
     spec = plan(PRESETS["smoke"])[0]
     rd = RunDir(out / "runs" / spec.key)
@@ -804,7 +808,7 @@ def test_a_sweep_and_basedirected_train_never_share_a_cell(smoke_dir, tmp_path, 
     try:
         with pytest.raises(ValueError, match="another process is running in this run directory"): run_cell(out, spec)
     finally: os.close(fd)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\nfrom basedirected.experiments import PRESETS, cell_locks, plan\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\nfrom basedirected.experiments import cell_locks\nfrom basedirected.presets import PRESETS, plan\n"
                                f"with cell_locks(Path({str(out)!r}), plan(PRESETS['smoke'])[:1]): print('held', flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)
     try:
