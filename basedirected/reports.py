@@ -15,7 +15,7 @@ import torch
 
 from .base import SurprisalCache
 from .collection import SweepDir, current_names, read_records
-from .comparisons import across_base_interval, contrast_interval, settled_runs, sign_flip_pvalue, variance_components, within_base_interval
+from .comparisons import across_base_interval, contrast_interval, interval_call, settled_runs, sign_flip_pvalue, variance_components, within_base_interval
 from .reconstruction import TERM_NAMES
 from .pretrained import shipped_name
 from .runs import RunDir, atomic_write_bytes, atomic_write_json, load_run, read_json, read_log, read_table
@@ -32,9 +32,9 @@ __all__ = ['TABLE_METRICS', 'GRID_COORDINATES', 'DEFAULT_COLUMNS', 'TABLE_LEGEND
            'paired_statistics', 'success_counts', 'success_parts', 'base_contrasts', 'metric_components', 'run_dirs',
            'read_results', 'figure_frontier', 'figure_collapse', 'figure_alignment', 'figure_escape', 'figure_curves',
            'figure_gain_per_position', 'figure_weights', 'figure_paired', 'answer_rows', 'answer_text', 'figure_answer',
-           'prediction_interval', 'compare_collections', 'figure_verdicts', 'comparison_text', 'write_figures',
-           'write_base_gates', 'write_curves', 'curve_verdicts', 'nats_per_unit', 'strict_rule_in_nats',
-           'write_reports']
+           'headline_text', 'prediction_interval', 'compare_collections', 'figure_verdicts', 'comparison_text',
+           'write_figures', 'write_base_gates', 'write_curves', 'curve_verdicts', 'nats_per_unit',
+           'strict_rule_in_nats', 'write_reports']
 
 # %% ../nbs/12_reports.ipynb #ca5567ef
 _ALIGNMENTS = tuple(f"{pre}{a}_{t}{s}" for pre, t in (("", "posterior"), ("gen_", "controlled"), ("gen_", "controlled_all"))
@@ -678,6 +678,26 @@ def figure_answer(out: Path,  # the sweep's output directory (the figure goes to
     fig.suptitle("the answer: each point a run (x: not settled); red, the mean with its 95 % interval", y=1.0, fontsize=10)
     fig.tight_layout(); _save(fig, out, "answer")
     return fig
+
+# %% ../nbs/12_reports.ipynb #f9e812c6
+def headline_text(records: list[dict],  # one metrics record per run
+                 ) -> str:              # one sentence per resolved contrast, and what is left unresolved
+    "The sweep's headline: each contrast of `answer_rows` whose interval `interval_call` resolves, in words no stronger than the interval, then the count left unresolved; a base that fails the gate named first."
+    rows = answer_rows(records)
+    failed = sum(r.get("gate_passes") is False for r in records)
+    lines = [f"Headline: {failed} of {len(records)} runs adapt from a base that fails the quality gate; what follows is about a CVAE adapted from an imperfect base."] if failed else []
+    calls = [(r, interval_call(r["lo"], r["hi"])) for r in rows]
+    for r, call in calls:
+        if not call.startswith("resolved"): continue
+        a, b = r["comparison"].split(" - ")
+        lines.append(f"Headline: on {r['regime']} at {r['cell']}, {a}'s forced generations follow their code's strategy {'more' if call.endswith('above 0') else 'less'} often than {b}'s: "
+                     f"{a} − {b} is {_signed(r['mean'])} [{_signed(r['lo'])}, {_signed(r['hi'])}] in controlled alignment above chance ({r['unit']}), resolved.")
+    left = [f"{r['regime']} {r['cell']} {r['comparison'].replace(' - ', ' − ')}" for r, call in calls if not call.startswith("resolved")]
+    if not rows: lines.append("Headline: none; the preset compares no two arms on the same units.")
+    elif len(left) == len(rows): lines.append(f"Headline: no contrast resolved ({len(rows)} compared; each interval crosses 0 or is missing).")
+    elif len(left) > 3: lines.append(f"Unresolved: the {len(left)} other contrasts above (each interval crosses 0 or is missing).")
+    elif left: lines.append(f"Unresolved: " + "; ".join(left) + " (each interval crosses 0 or is missing).")
+    return "\n".join(lines)
 
 # %% ../nbs/12_reports.ipynb #5152c716
 PRIMARY_FIGURES = ("rate", "gen_alignment_controlled_all", "gen_answer_rate", "I_zs_norm", "alignment_posterior", "eval_loss")  # what --compare checks

@@ -15,8 +15,10 @@ from pathlib import Path
 
 from .config import OneLineParser, add_dataclass_options, dataclass_from_args
 from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, earlier_collection, preset_from_record, read_records, submit_sweep
-from .experiments import PRESETS, SweepDir, base_dir, earlier_cells, execute, finished, plan, seed_bases
-from .reports import answer_text, compare_collections, comparison_text, write_reports
+from .collection import SweepDir, base_dir
+from .experiments import earlier_cells, execute, finished, seed_bases
+from .presets import PRESETS, plan
+from .reports import answer_text, compare_collections, headline_text, comparison_text, write_reports
 from .runs import atomic_write_bytes, check_writable, read_json, read_table
 from .machine import environment_record, resolve_device
 from .train import NonFiniteError, run_plan
@@ -133,7 +135,7 @@ def repro_parser() -> OneLineParser:
                       description=textwrap.fill("Reproduce the synthetic-sequence experiments: base pre-training, c_theta, every objective "
                                                 "of the preset, metrics, tables and figures.", 100),
                       epilog="presets:\n" + "\n".join(textwrap.fill(preset_help(n), 100, initial_indent="  ", subsequent_indent="      ") for n in PRESETS))
-    p.add_argument("--preset", choices=tuple(PRESETS), default=None, help="the sweep to run, one of the presets listed below (default: quick)")
+    p.add_argument("--preset", choices=tuple(PRESETS), default=None, help="the sweep to run, one of the presets listed below (default: rescaling)")
     p.add_argument("--out", default=None, help="output directory (default runs/repro-<preset>)")
     p.add_argument("--collect", action="store_true", help="train nothing: build the tables and figures of the sweep in --out from the cells "
                    "that have finished (its preset is read from OUT/preset.json), and name the cells that are missing")
@@ -194,7 +196,7 @@ def _checked_args(p: argparse.ArgumentParser, a: argparse.Namespace,  # `repro_p
         try: recorded = read_json(SweepDir(a.out).preset).get("preset", {}).get("name")
         except ValueError as e: p.error(str(e))
         if recorded != a.preset: p.error(f"--preset {a.preset}: the sweep in {a.out} was made with preset {recorded} (--collect reads it from preset.json; drop --preset)")
-    a.preset = a.preset or "quick"
+    a.preset = a.preset or "rescaling"
     if a.out is not None and not a.out.strip(): p.error("--out must name a directory, got an empty string")
     try: cluster = dataclass_from_args(ClusterConfig, a)
     except ValueError as e: p.error(str(e))
@@ -266,6 +268,7 @@ def _report(a, out: Path, records: list[dict], missing: list[str], summary: dict
     if records:
         print(f"tables in {out}/table.md and stats.md; the answer, drawn in {out}/figures/answer.png:")
         print(answer_text(records))
+        print(headline_text(records))
     env = environment_record(0)
     before = summary.get("finished_before") or 0
     done = "" if not before else " (every one finished before this command: none trained now)" if before >= len(records) else f" ({before} finished before this command)"

@@ -253,6 +253,45 @@ def _reference_minutes(preset):
     return reference_minutes(preset)
 
 
+def _readme_and_answer_in_full() -> str:
+    "The README and the guide's longer answer, whitespace collapsed: the README's answer is short, its detail (and the figures it quotes) is in the guide."
+    import json
+    guide = [ "".join(c["source"]) for c in json.loads((ROOT / "nbs" / "15_guide.ipynb").read_text())["cells"]]
+    (full,) = [c for c in guide if c.startswith("## The answer in full")]
+    return " ".join(((ROOT / "README.md").read_text() + "\n" + full).split())
+
+
+def test_the_readmes_answer_is_short_and_every_figure_in_it_is_the_files():
+    "The README's answer: at most 250 words (its heading and figure aside), every number read from the reference files, the main job's headline its reference run's."
+    import json
+    from basedirected.collection import read_records
+    from basedirected.reports import base_contrasts, headline_text
+    readme = (ROOT / "README.md").read_text()
+    answer = readme[readme.index("## The answer\n"):readme.index("## The main job\n")]
+    prose = [l for l in answer.splitlines()[1:] if not l.startswith("![")]
+    assert len(" ".join(prose).split()) <= 250, len(" ".join(prose).split())
+    text = " ".join(answer.split())
+    fmt = lambda v: f"{float(v):+.3f}".replace("-", "−")
+    shown = lambda r: f"{fmt(r['mean'])} [{fmt(r['lo'])}, {fmt(r['hi'])}]"
+    entropy = {(r["cell"], r["comparison"]): r for r in base_contrasts(read_records(ROOT / "reference" / "entropy"), ("gen_alignment_controlled_all_excess",))}
+    assert f"`dist` does not: {shown(entropy[('beta 0.05', 'dist - celbo')])} (`reference/entropy/`)" in text
+    assert entropy[("beta 0.05 forms 4", "dist - celbo")]["lo"] < 0 < entropy[("beta 0.05 forms 4", "dist - celbo")]["hi"]
+    settled = {(r["regime"], r["cell"], r["comparison"]): r for r in base_contrasts(read_records(ROOT / "reference" / "settled"), ("gen_alignment_controlled_all_excess",))}
+    assert f"$\\mathcal J_\\theta$ − `dist` {shown(settled[('sorting', 'tau 0.07', 'theta - dist')])} on sorting" in text
+    assert all(settled[(t, "tau 0.07", c)]["lo"] < 0 < settled[(t, "tau 0.07", c)]["hi"] for t in ("sorting", "grid_pathfinding")
+               for c in ("theta - dist", "theta - celbo", "dist - celbo"))  # the three are not resolved apart at equal tau
+    dose = [r for r in read_records(ROOT / "reference" / "settled") if r["regime"] == "sorting" and r["objective"] == "theta" and r.get("alpha") == 0.0]
+    assert (round(100 * min(r["gen_answer_rate"] for r in dose), 1), round(100 * max(r["gen_answer_rate"] for r in dose), 1)) == (0.0, 2.7) and "answers right on 0–2.7 %" in text
+    forms4 = [r["c_model"] for r in read_records(ROOT / "reference" / "entropy") if int(r.get("surface_forms") or 1) == 4]
+    assert f"{sum(forms4) / len(forms4):.2f}" == "1.33" and "(1.33 nats per token)" in text
+    resc = read_records(ROOT / "reference" / "rescaling")
+    headline = headline_text(resc)
+    assert headline.count("Headline:") == 1 and "resolved." in headline and f"> {headline}" in readme
+    summary = json.loads((ROOT / "reference" / "rescaling" / "summary.json").read_text())
+    assert summary["missing"] == [] and f"({summary['runs']} runs in {_reference_minutes('rescaling'):.1f} minutes on a 2-core CPU" in " ".join(readme.split())
+    assert "![The main job's answer" in answer and (ROOT / "reference" / "rescaling" / "figures" / "answer.png").is_file()
+
+
 def test_the_readme_is_a_newcomers_page():
     text = (ROOT / "README.md").read_text()
     assert len(text.split()) <= 1800, f"README.md has {len(text.split())} words"
@@ -266,14 +305,12 @@ def test_the_readme_is_a_newcomers_page():
 def test_the_readmes_figures_are_the_reference_files():
     "Each time and interval the README quotes is read from the file it comes from."
     import json
-    text = " ".join((ROOT / "README.md").read_text().split())
-    for preset, shown in (("quick", "3.2 min"), ("study", "53.5 min"), ("followup", "88.8 min, three invocations"), ("addition", "93.4 min"),
+    text = _readme_and_answer_in_full()
+    for preset, shown in (("rescaling", "7.4 min"), ("quick", "3.2 min"), ("study", "53.5 min"), ("followup", "88.8 min, three invocations"), ("addition", "93.4 min"),
                           ("settled", "261.2 min, three invocations: 94 of 112 cells"), ("settled-2", "100.3 min")):
         assert f"{_reference_minutes(preset):.1f} min" in shown and shown in text, (preset, _reference_minutes(preset))
     settled = json.loads((ROOT / "reference" / "settled" / "summary.json").read_text())
     assert f"{settled['runs']} of {settled['runs'] + len(settled['missing'])} cells" in text
-    quick = json.loads((ROOT / "reference" / "quick" / "summary.json").read_text())
-    assert f"{quick['runs']} runs in {_reference_minutes('quick'):.1f} minutes" in text
     from basedirected.cluster import read_records
     from basedirected.reports import base_contrasts
     def contrast(regime, comparison, collection="settled"):
@@ -304,7 +341,7 @@ def test_the_readmes_meaning_paragraph_is_the_reference_files():
     import csv
     import json
     from scipy.stats import fisher_exact
-    text = " ".join((ROOT / "README.md").read_text().split())
+    text = _readme_and_answer_in_full()
     for preset, shown in (("meaning", "311.7 min, five invocations in three sittings"), ("reader", "24.4 min"), ("shortcut", "46.5 min"), ("baseline", "46.4 min")):
         assert f"{_reference_minutes(preset):.1f} min" in shown and shown in text, (preset, _reference_minutes(preset))
     summary = json.loads((ROOT / "reference" / "meaning" / "summary.json").read_text())
@@ -357,7 +394,7 @@ def test_the_readmes_language_model_paragraph_is_the_reference_files():
     from basedirected.cluster import read_records
     from basedirected.comparisons import settled_runs
     from basedirected.reports import base_contrasts
-    text = " ".join((ROOT / "README.md").read_text().split())
+    text = _readme_and_answer_in_full()
     assert f"{_reference_minutes('entropy'):.1f} min" == "180.7 min" and "| 180.7 min, five invocations |" in text
     summary = json.loads((ROOT / "reference" / "entropy" / "summary.json").read_text())
     assert (summary["runs"], summary["missing"]) == (276, [])
@@ -398,7 +435,8 @@ def test_the_readmes_default_run_is_the_reference_run():
 
 
 def test_the_readmes_gpu_estimate_is_the_packages():
-    from basedirected.experiments import PRESETS, pack_memory_gib, plan
+    from basedirected.experiments import pack_memory_gib
+    from basedirected.presets import PRESETS, plan
     from basedirected.groups import pack_groups
     specs = plan(PRESETS["paper"])
     needs = [pack_memory_gib([specs[i].config for i in p]) for p in pack_groups([s.config for s in specs], 64)]
@@ -415,7 +453,7 @@ def test_the_repro_help_states_each_presets_reference_time():
 def test_the_guide_names_every_preset_and_no_withdrawn_claim():
     "The guide's presets table covers every preset; the claims the README withdrew are not stated there as findings."
     import json
-    from basedirected.experiments import PRESETS
+    from basedirected.presets import PRESETS
     guide = " ".join("".join(c["source"]) for c in json.loads((ROOT / "nbs" / "15_guide.ipynb").read_text())["cells"])
     table = guide[guide.index("| option | meaning |"):guide.index("## ", guide.index("| option | meaning |"))]
     assert not [name for name in PRESETS if name != "smoke" and f"`{name}`" not in table and f"--preset {name}`" not in table]
@@ -428,3 +466,50 @@ def test_no_page_cites_a_design_note():
     cited = [f"{p.name}: ...{m.group(0)}..." for p in sorted((ROOT / "nbs").glob("*.ipynb")) for m in re.finditer(r".{30}\bnotes? 00\d.{20}", p.read_text())]
     cited += [f"README.md: ...{m.group(0)}..." for m in re.finditer(r".{30}\bnotes? 00\d.{20}", (ROOT / "README.md").read_text())]
     assert not cited, "\n".join(cited)
+
+
+def test_the_main_jobs_reference_run_says_what_its_files_hold():
+    "reference/rescaling/README.md: each prediction's outcome and the cell-by-cell agreement with the entropy collection, from the files."
+    from basedirected.collection import read_records
+    from basedirected.reports import base_contrasts, success_counts
+    text = " ".join((ROOT / "reference" / "rescaling" / "README.md").read_text().split())
+    metric = "gen_alignment_controlled_all_excess"
+    new, entropy = read_records(ROOT / "reference" / "rescaling"), {r["key"]: r for r in read_records(ROOT / "reference" / "entropy")}
+    assert len(new) == 12 and all(r["settled"] for r in new) and f"12 runs in {_reference_minutes('rescaling'):.1f} minutes" in text
+    (c,) = base_contrasts(new, (metric,))
+    fmt = lambda v: f"{v:+.3f}".replace("-", "−")
+    assert 0.456 < c["mean"] < 0.657 and c["lo"] > 0 and f"{fmt(c['mean'])} [{fmt(c['lo'])}, {fmt(c['hi'])}] over the 3 bases (6 pairs" in text
+    span = lambda o: (min(r[metric] for r in new if r["objective"] == o), max(r[metric] for r in new if r["objective"] == o))
+    (clo, chi), (dlo, dhi) = span("celbo"), span("dist")
+    assert max(abs(clo), abs(chi)) < 0.05 and dlo > 0.25 and f"cELBO {fmt(clo)} to {fmt(chi)}; `dist` {fmt(dlo)} to {fmt(dhi)}: held" in text
+    def base_mean(records, base, seeds):
+        d = {r["seed"]: r[metric] for r in records if r["base_seed"] == base and r["objective"] == "dist" and r["seed"] in seeds}
+        c = {r["seed"]: r[metric] for r in records if r["base_seed"] == base and r["objective"] == "celbo" and r["seed"] in seeds}
+        return sum(d[s] - c[s] for s in d) / len(d)
+    ent = [r for r in entropy.values() if r.get("beta_target") == 0.05 and int(r.get("surface_forms") or 1) == 1]
+    gaps = [abs(base_mean(new, b, (0, 1)) - base_mean(ent, b, (0, 1, 2, 3))) for b in (0, 1, 2)]
+    assert max(gaps[:2]) <= 0.012 and round(gaps[2], 3) == 0.073 and "base 2 +0.584 against +0.512, off by 0.073: missed" in text
+    assert round(abs(base_mean(new, 2, (0, 1)) - base_mean(ent, 2, (0, 1))), 3) == 0.009 and "(+0.575) it is off by 0.009" in text
+    exact = [r["key"] for r in new if r[metric] == entropy[r["key"]][metric]]
+    assert len(exact) == 3 and all("-dist-" in k and k.endswith("-s1") for k in exact) and "3 of the 12 cells equal it exactly" in text
+    assert round(max(abs(r[metric] - entropy[r["key"]][metric]) for r in new), 3) == 0.011 and "differ by at most 0.011" in text
+    wins = {s["objective"]: round(s["success"] * s["success_n"]) for s in success_counts(new)}
+    assert wins == {"dist": 6, "celbo": 0} and "`dist` names the strategy on 6 of 6 runs" in text and "the cELBO on 0 of 6" in text
+
+
+def test_a_name_that_moved_room_still_imports_from_its_old_one_with_a_warning():
+    "Users' code imports a moved name from where it was for one more release: it gets the same object and a DeprecationWarning naming the new module."
+    import importlib
+    import warnings
+    for old, new, names in (("basedirected.experiments", "basedirected.presets", "MOVED_TO_PRESETS"), ("basedirected.hf", "basedirected.backbone", "MOVED_TO_BACKBONE")):
+        if old.endswith("hf"): pytest.importorskip("transformers")
+        module = importlib.import_module(old)
+        for name in getattr(module, names):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                assert getattr(module, name) is getattr(importlib.import_module(new), name)
+            assert [str(w.message) for w in caught if w.category is DeprecationWarning] == [f"{old}.{name} moved to {new}.{name}; import it from there"]
+        with pytest.raises(AttributeError, match="no attribute 'nonsense'"): getattr(module, "nonsense")
+    from basedirected.experiments import Preset, RunSpec, plan  # still used by the runner: plain names, no warning
+    from basedirected import presets
+    assert (Preset, RunSpec, plan) == (presets.Preset, presets.RunSpec, presets.plan)
