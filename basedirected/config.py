@@ -641,7 +641,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "the first steps pay the compile time)", default=False, backbones=_TINY),
     Option("--shared-prefix", None, "run", "discrete z: run the prompt once for all K codes (a packed sequence; same numbers to float "
            "round-off; a speed option, measured by the benchmark)", default=False, backbones=_TINY),
-    Option("--tensorboard", None, "run", "also write every log.jsonl record's numbers as TensorBoard events in this directory (rank 0; "
+    Option("--tensorboard", None, "run", "also write every log.jsonl record's numbers as TensorBoard events in DIR/<the run directory's name>, so that runs sharing DIR never mix (rank 0; "
            "needs pip install tensorboard)", default=None),
     Option("--resume-without-log", None, "run", "resume from a checkpoint whose log.jsonl is missing (the earlier steps' records are lost)", default=False),
 )

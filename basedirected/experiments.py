@@ -242,7 +242,7 @@ def run_cell(out: Path,              # the sweep's directory
         if isinstance(rd, dict): return rd
         t0 = time.perf_counter()
         run = _with_options(prepare_run(rd.path, spec.config, device=device), spec)
-        final = train_run(run, tensorboard=None if tensorboard is None else Path(tensorboard) / spec.key)
+        final = train_run(run, tensorboard=tensorboard)  # its events in tensorboard/<key>, its directory's name
         return _cell_record(spec, run, final, time.perf_counter() - t0)
 
 # %% ../nbs/11_experiments.ipynb #3d2f71f1
@@ -267,7 +267,7 @@ def _run_group_cells(out: Path, specs: list[RunSpec], device: str, force: bool, 
         by_start.setdefault(start, []).append(i)
     finals = {}
     for members in by_start.values():
-        if len(members) == 1: finals[members[0]] = train_run(runs[members[0]], tensorboard=None if tensorboard is None else Path(tensorboard) / specs[members[0]].key); continue
+        if len(members) == 1: finals[members[0]] = train_run(runs[members[0]], tensorboard=tensorboard); continue
         finals.update(zip(members, train_group([runs[i] for i in members], compile=compile, tensorboard=tensorboard)))  # a run's events in tensorboard/<key>
     seconds = (time.perf_counter() - t0) / max(len(runs), 1)  # a group's wall time, shared among its runs
     for i in sorted(runs):

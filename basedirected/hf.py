@@ -336,7 +336,7 @@ def hf_run(run_dir,                            # the run directory (made if abse
            progress: bool = False,             # a progress bar (rank 0)
            metrics: bool = True,               # write metrics.json once the run is complete
            resume_without_log: bool = False,   # a checkpoint without its log.jsonl may resume
-           tensorboard: str | None = None,     # also write the log's records as TensorBoard events in this directory
+           tensorboard: str | None = None,     # also write the log's records as TensorBoard events in <this>/<the run directory's name>
            require_gate: bool = True,          # refuse a fine-tuned base that fails the quality gate (`BaseGateError`)
           ) -> dict:                           # the final held-out terms, and the metrics as metric_*
     "A complete run in `run_dir` on one process or under `torchrun`; at the last step rank 0 writes `eval.json` and `metrics.json` (kept if a rerun finds it). Rank 0 holds the directory (`exclusive_run_dir`) from before its first write."
@@ -385,6 +385,7 @@ def _export_refusal(rd: RunDir, out: Path, whole_model: bool) -> HFRunConfig:
 def model_card(config: HFRunConfig,  # the exported run's configuration
                whole_model: bool,    # a whole generator, or an adapter
                base: str | None = None,  # the directory its adapter loads onto (None: the backbone; a fine-tuned base is in the run directory)
+               out: str = ".",       # where the export is written (its absolute path, so that the lines run from anywhere)
               ) -> str:              # README.md of the export
     "The export's README.md: what it is and the lines that load it back onto the backbone."
     base = config.backbone if base is None else base
@@ -394,6 +395,7 @@ def model_card(config: HFRunConfig,  # the exported run's configuration
     return (f"# A CVAE generator trained by basedirected\n\nThe generator g(y|x,z) of a run on `{base}` ({config.objective}, K = {config.cvae.K} codes, "
             f"{config.train.steps} steps, adapt {config.adapt.mode}), written by `basedirected-export`. A response under code k follows the prompt laid out as "
             "`<bos> <x> PROMPT </x> <z> <zk> </z> <y>`.\n\n```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            + f"OUT = {out!r}  # this folder, where basedirected-export wrote it\n"
             + ("" if whole_model else "from peft import PeftModel\n") + f"tok = AutoTokenizer.from_pretrained(OUT)\n{load}\n```\n")
 
 
@@ -418,7 +420,7 @@ def export_run(run_dir,                     # a run directory on a Hugging Face 
             m = post.model.merge_and_unload() if whole_model and isinstance(post.model, peft.PeftModel) else post.model
             m.save_pretrained(tmp / "posterior", **({} if whole_model else {"save_embedding_layers": False}))
             torch.save(run.model.posterior_head.state_dict(), tmp / "posterior" / "posterior_head.pt")  # an nn.Linear(d_model, K): torch.load(weights_only=True)
-        (tmp / "README.md").write_text(model_card(config, whole_model, str(run_backbone(rd, config).resolve())))  # peft's own card is an empty template
+        (tmp / "README.md").write_text(model_card(config, whole_model, str(run_backbone(rd, config).resolve()), str(out.resolve())))  # peft's own card is an empty template
         if out.is_dir(): out.rmdir()  # empty (checked): the rename takes its place
         os.replace(tmp, out)
     except (KeyboardInterrupt, MemoryError, OSError, ValueError): raise

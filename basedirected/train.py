@@ -288,7 +288,7 @@ class _RunLogs:
     "The loop's writer of each run's `log.jsonl` (and TensorBoard events): a process that does not write holds no file."
     def __init__(self, runs: list[Run], main: bool, tensorboard):
         self.files = [open(r.dir.log, "a") for r in runs] if main else []
-        self.sinks = [TensorBoardSink(Path(tensorboard) / (r.dir.path.name if len(runs) > 1 else "")) for r in runs] if main and tensorboard else []
+        self.sinks = [TensorBoardSink(Path(tensorboard) / r.dir.path.name) for r in runs] if main and tensorboard else []  # a run's events in DIR/<its directory's name>: several runs never mix
     def write(self, n: int, record: dict):
         if not self.files: return
         self.files[n].write(json.dumps(_json_safe(record)) + "\n")
@@ -484,7 +484,7 @@ class RunBar:
 def train_run(run: Run,                        # a prepared run (`prepare_run`, `prepare_hf_run`)
               progress=False,                  # a progress bar (rank 0): True, or a run's `RunBar`
               stop_after: int | None = None,   # stop after this many steps, as if interrupted
-              tensorboard: str | Path | None = None,  # also write the log's records as TensorBoard events in this directory
+              tensorboard: str | Path | None = None,  # also write the log's records as TensorBoard events in <this>/<the run directory's name>
              ) -> dict:                        # the final held-out terms ({} on a process other than rank 0)
     "Train one prepared run (`fit` with `OneRun`, or `ShardedRun` under torchrun); a run that reaches its last step writes `eval.json`."
     (final,) = fit([run], progress=progress, stop_after=stop_after, tensorboard=tensorboard)
@@ -568,7 +568,7 @@ def run(run_dir: Path,                     # the run directory (made if absent; 
         compile: bool = False,             # compile the CVAE's backbones (`compile_cvae`)
         shared_prefix: bool = False,       # a discrete CVAE computes its prompt once for all codes
         metrics: bool = False,             # write `run_metrics` to metrics.json once the run is complete
-        tensorboard: str | None = None,    # also write the log's records as TensorBoard events in this directory
+        tensorboard: str | None = None,    # also write the log's records as TensorBoard events in <this>/<the run directory's name>
         base: str = "auto",                # 'auto' (the shipped base of the recipe, else trained here), 'train', or a shipped base's name
        ) -> dict:                          # the final held-out terms (also in eval.json)
     "A complete run of the task's small transformer in `run_dir`, on one process or each of torchrun's; rank 0 holds the directory (`exclusive_run_dir`) from before its first write to the last. A `metrics.json` already written (by this call's earlier run, or a sweep's record of the cell) is kept."

@@ -437,7 +437,9 @@ def test_tensorboard_events_are_the_logs_records_and_change_nothing(tmp_path, ca
     assert train_main(argv(tmp_path / "seen", "--tensorboard", str(tmp_path / "tb"))) == 0
     drop = lambda log: [{k: v for k, v in r.items() if k != "examples_per_s"} for r in log]
     assert drop(read_log(tmp_path / "seen" / "log.jsonl")) == drop(read_log(tmp_path / "plain" / "log.jsonl"))  # the log and the run are unchanged
-    events = EventAccumulator(str(tmp_path / "tb")); events.Reload()
+    assert train_main(argv(tmp_path / "other", "--tensorboard", str(tmp_path / "tb"), "--seed", "1")) == 0  # a second run in the same DIR
+    assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == ["other", "seen"]  # each run's events in DIR/<its run directory's name>
+    events = EventAccumulator(str(tmp_path / "tb" / "seen")); events.Reload()
     log = read_log(tmp_path / "seen" / "log.jsonl")
     for split, term in (("train", "loss"), ("train", "kl"), ("train", "grad_norm"), ("eval", "loss")):
         got = [(e.step, e.value) for e in events.Scalars(f"{split}/{term}")]
