@@ -9,6 +9,7 @@ import contextlib
 import importlib
 import os
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -35,13 +36,13 @@ from .machine import barrier, distributed_setup, gather_floats, torchrun_place
 from .config import OPTIMIZERS, AdaptConfig, HFRunConfig
 from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, make_task
-from .train import check_batch_split, complete, fit
+from .train import check_batch_split, complete, fit, plan_text
 
 # %% auto #0
 __all__ = ['MOVED_TO_BACKBONE', 'HARMLESS_LIBRARY_WARNINGS', 'WEIGHT_FILES', 'LOADER', 'build_hf_cvae', 'hf_reference',
            'build_optimizers', 'hf_reference_scale', 'hf_metrics', 'hf_generation_metrics', 'check_hf_inputs',
-           'check_backbone', 'check_task_data', 'prepare_hf_run', 'load_hf_run', 'hf_run', 'hf_run_metrics',
-           'model_card', 'export_run', 'stale_partials']
+           'check_backbone', 'check_task_data', 'prepare_hf_run', 'load_hf_run', 'hf_run_plan', 'hf_run',
+           'hf_run_metrics', 'model_card', 'export_run', 'stale_partials']
 
 # %% ../nbs/10a_hf.ipynb #152c1c19
 MOVED_TO_BACKBONE = ("LAYOUT_SPECIALS", "save_tiny_backbone", "init_new_embeddings", "encode_examples", "context_length", "task_examples")
@@ -329,6 +330,32 @@ def load_hf_run(run_dir,               # a run directory prepare_hf_run wrote
     return run
 
 # %% ../nbs/10a_hf.ipynb #fa92d4a9
+def hf_run_plan(run_dir,               # the run directory (it may hold part of the run)
+                config: HFRunConfig,
+                metrics: bool = True,  # the run ends with its metrics
+               ) -> list[dict]:        # one row per phase: phase, what, seconds (None: a backbone's speed is not estimated)
+    "What a run on a backbone will do, phase by phase, from its configuration and what its directory already holds (the plan `hf_run` prints first)."
+    rd, ft, tc = RunDir(run_dir), config.fine_tune, config.train
+    plan = []
+    if config.data is None:
+        plan.append({"phase": "data", "what": "the task's examples, in the run directory" if rd.train_data.is_file() and rd.eval_data.is_file() else
+                     f"{config.n_train:,} training and {config.n_eval:,} held-out examples of {config.task} drawn from seed {config.seed} into the run directory", "seconds": 0.0})
+    if ft.steps:
+        if (rd.fine_tuned / "fine_tune.json").is_file(): plan.append({"phase": "fine_tune", "what": "the fine-tuned base, in the run directory (its sha256 checked as it loads)", "seconds": 0.0})
+        else:
+            done = load_checkpoint(rd.base_checkpoint)["step"] if rd.base_checkpoint.is_file() else 0
+            plan.append({"phase": "fine_tune", "what": f"the backbone fine-tuned ({ft.mode}): {ft.steps - done:,} of {ft.steps:,} steps of {ft.batch_size}"
+                         + (f" (resuming from step {done:,})" if done else ""), "seconds": None})
+        if not rd.gate.is_file(): plan.append({"phase": "gate", "what": "the quality gate: responses sampled from the base on held-out inputs, read by the task's checker", "seconds": None})
+    if not rd.scale.is_file():
+        plan.append({"phase": "c_theta", "what": f"{config.c_samples:,} responses sampled from the base" if config.c_source == "model" else "the base's surprisal of the observed responses", "seconds": None})
+    start = load_checkpoint(rd.checkpoint)["step"] if rd.checkpoint.is_file() else 0
+    plan.append({"phase": "cvae", "what": f"{tc.steps - start:,} of {tc.steps:,} steps, adapt {config.adapt.mode}, K = {config.cvae.K}, {len(tc.evaluation_steps(start))} held-out evaluations"
+                 + (f" (resuming from step {start:,})" if start else ""), "seconds": None if tc.steps > start else 0.0})
+    if metrics and not rd.metrics.is_file():
+        plan.append({"phase": "metrics", "what": "held-out metrics" + (" and the task's checker on routed and forced generations" if config.task else ""), "seconds": None})
+    return plan
+
 def hf_run(run_dir,                            # the run directory (made if absent; resumed if it holds this run)
            config: HFRunConfig,
            device: str = "auto",               # 'auto', 'cpu' or 'cuda' (under torchrun each process takes its LOCAL_RANK GPU)
@@ -341,6 +368,9 @@ def hf_run(run_dir,                            # the run directory (made if abse
           ) -> dict:                           # the final held-out terms, and the metrics as metric_*
     "A complete run in `run_dir` on one process or under `torchrun`; at the last step rank 0 writes `eval.json` and `metrics.json` (kept if a rerun finds it). Rank 0 holds the directory (`exclusive_run_dir`) from before its first write."
     rank, world = torchrun_place()
+    if progress and rank == 0:  # the plan first, as a run on the small transformer prints it
+        print(f"{Path(run_dir)}: backbone {config.backbone}, {config.task or 'data ' + str(config.data)}, objective {config.objective}, seed {config.seed}\n"
+              + plan_text(hf_run_plan(run_dir, config, metrics)), file=sys.stderr, flush=True)
     with exclusive_run_dir(run_dir) if rank == 0 else contextlib.nullcontext():
         run = prepare_hf_run(run_dir, config, device, resume_without_log, require_gate, progress)
         (final,) = fit([run], progress=progress, stop_after=stop_after, tensorboard=tensorboard)

@@ -445,10 +445,11 @@ def run_plan(run_dir: Path,        # the run directory (it may hold part of the 
     return plan
 
 def plan_text(plan: list[dict]) -> str:
-    "The plan as a few lines: each phase, what it does, its estimated time; the total."
+    "The plan as a few lines: each phase, what it does, its estimated time and the total; a phase whose `seconds` is None has no estimate, and then neither has the total."
+    lines = [f"  {p['phase']:<9} {p['what']}" + (f"  (~{p['seconds']:.0f} s)" if p["seconds"] is not None and p["seconds"] >= 0.5 else "") for p in plan]
+    if any(p["seconds"] is None for p in plan): return "\n".join(lines + ["  no time estimate (a backbone's speed is not modelled here); each phase's bar shows its rate"])
     total = sum(p["seconds"] for p in plan)
-    return "\n".join([f"  {p['phase']:<8} {p['what']}" + (f"  (~{p['seconds']:.0f} s)" if p["seconds"] >= 0.5 else "") for p in plan]
-                     + [f"  estimated {total:.0f} s on this machine ({torch.get_num_threads()} threads); the bar below corrects it as the run goes"])
+    return "\n".join(lines + [f"  estimated {total:.0f} s on this machine ({torch.get_num_threads()} threads); the bar below corrects it as the run goes"])
 
 # %% ../nbs/10_train.ipynb #12b18866
 class RunBar:

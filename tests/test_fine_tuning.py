@@ -135,3 +135,23 @@ def test_options_of_the_fine_tuning_without_fine_tuning_are_refused(backbone, tm
     data.write_text("".join(json.dumps(r.__dict__) + "\n" for r in task_records(task, task.generate(16, 0))))
     with pytest.raises(SystemExit): train_main(["--backbone", str(backbone / "gpt2"), "--data", str(data), "--run-dir", str(tmp_path / "r"), "--fine-tune-lr", "0.01"])
     assert "--fine-tune-lr has no effect here" in capsys.readouterr().err
+
+
+def test_the_plan_says_every_phase_first_and_only_what_is_left(backbone, whole, tmp_path, capsys):
+    "A run on a backbone prints its plan before it works, as the small transformer's does; a finished run's plan has nothing left but what it reads."
+    from basedirected.config import HFRunConfig
+    from basedirected.hf import hf_run_plan
+    from basedirected.train import plan_text
+    config = HFRunConfig.from_dict(read_json(whole / "config.json")["config"])
+    fresh = hf_run_plan(tmp_path / "new", config)
+    assert [p["phase"] for p in fresh] == ["data", "fine_tune", "gate", "c_theta", "cvae", "metrics"]
+    assert "24 of 24 steps of 8" in fresh[1]["what"] and "no time estimate" in plan_text(fresh) and "estimated" not in plan_text(fresh)
+    done = hf_run_plan(whole, config)
+    assert [(p["phase"], p["seconds"]) for p in done] == [("data", 0.0), ("fine_tune", 0.0), ("cvae", 0.0)] and "0 of 4 steps" in done[-1]["what"]
+    assert "estimated 0 s" in plan_text(done)
+    import shutil
+    shutil.copytree(whole, tmp_path / "again")  # a rerun of a finished run prints its plan and trains nothing
+    capsys.readouterr()
+    assert train_main([a for a in _cmd(backbone, tmp_path / "again", *KILLED) if a != "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err.index("fine_tune") < err.index("cvae") and "the fine-tuned base, in the run directory" in err and "estimated 0 s" in err
