@@ -23,6 +23,8 @@ from .config import OneLineParser, base_choice, build_parser, config_from_args, 
 from .runs import RunDir, RunInputError, check_run_dir, check_writable, exclusive_run_dir, read_json, write_command
 from .machine import resolve_device, torchrun_place
 from .train import BaseGateError, NonFiniteError, check_batch_split, run
+from .comparisons import SEPARATES, code_verdict
+from .tasks import make_task
 
 # %% auto #0
 __all__ = ['train_main', 'hf_train_main', 'export_main']
@@ -115,22 +117,47 @@ def _report(rd: RunDir, prog: str, args: list[str], final: dict, seconds: float)
         shown = ("I_zs_given_x_norm", "I_zs_norm", "I_zxy", "drift", "alignment_posterior", "alignment_posterior_null", "gen_alignment_controlled_all",
                  "gen_alignment_controlled_all_null", "gen_classified_share", "gen_purity_controlled_all", "gen_coverage_mean", "gen_answer_rate")
         print(f"  metrics ({len(m)} in {rd.metrics}): " + ", ".join(f"{k} {m[k]:.3f}" for k in shown if isinstance(m.get(k), float)))
-        if (line := _verdict(m, read_json(rd.config)["config"].get("cvae", {}).get("K"))): print(line)
-
-def _verdict(m: dict,          # a run's metrics.json record
-             K: int | None,    # its codes
-            ) -> str:          # one line: what z became, or '' where the record lacks it
-    "The run's answer in one line: the held-out rate against log K, the controlled alignment against its chance level, the answers, whether it settled."
-    if not all(isinstance(m.get(k), (int, float)) for k in ("rate", "gen_alignment_controlled_all", "gen_alignment_controlled_all_null")): return ""
-    settled = {True: "settled", False: "still moving at its last step", None: "too few evaluations to tell whether it settled"}[m.get("settled")]
-    return (f"z: held-out rate {m['rate']:.2f} nats" + (f" (log K = {math.log(K):.2f})" if K and K > 1 else "") + f"; codes name the strategy in "
-            f"{m['gen_alignment_controlled_all']:.1%} of forced generations (chance {m['gen_alignment_controlled_all_null']:.1%})"
-            + (f"; answers right {m['gen_answer_rate']:.1%}" if isinstance(m.get("gen_answer_rate"), float) else "") + f"; {settled}")
+        config = read_json(rd.config)["config"]
+        if (line := _verdict(m, config.get("cvae", {}).get("K"), _strategies(config))): print(line)
 
 def hf_train_main(argv: list[str] | None = None,  # the options (None: the command line's)
                  ) -> int:
     "Console entry point `basedirected-hf-train`: `basedirected-train` with `--backbone` required."
     return train_main(argv, prog="basedirected-hf-train")
+
+# %% ../nbs/10b_cli.ipynb #6a9562d1
+def _strategies(config: dict) -> int:  # a run record's configuration
+    "How many strategies the run's task has: from the task's record, or its name (a run on a backbone), else three."
+    task = config.get("task")
+    if isinstance(task, dict) and task.get("strategies"): return len(task["strategies"])
+    if isinstance(task, str):
+        try: return len(make_task(task, config.get("regime")).strategies)
+        except (ValueError, TypeError): pass
+    return 3
+
+def _verdict(m: dict,            # a run's metrics.json record
+             K: int | None,      # its codes
+             strategies: int = 3,  # its task's strategies
+            ) -> str:            # what z became, and why its codes do or do not name the strategy; '' where the record lacks it
+    "The run's answer: the held-out rate against log K, how often forced generations follow their code's strategy against chance, the answers, whether it settled; then `code_verdict`'s word for the codes, in plain words."
+    if not all(isinstance(m.get(k), (int, float)) for k in ("rate", "gen_alignment_controlled_all", "gen_alignment_controlled_all_null")): return ""
+    settled = {True: "settled", False: "still moving at its last step", None: "too few evaluations to tell whether it settled"}[m.get("settled")]
+    line = (f"z: held-out rate {m['rate']:.2f} nats" + (f" (log K = {math.log(K):.2f})" if K and K > 1 else "") + f"; forced generations follow their code's strategy in "
+            f"{m['gen_alignment_controlled_all']:.1%} (chance {m['gen_alignment_controlled_all_null']:.1%})"
+            + (f"; answers right {m['gen_answer_rate']:.1%}" if isinstance(m.get("gen_answer_rate"), float) else "") + f"; {settled}")
+    why = _why(code_verdict({"K": K, **m} if K else m, strategies), m)
+    return line + (f"\n   {why}" if why else "")
+
+def _why(verdict: str, m: dict) -> str:
+    "`code_verdict`'s word on a run's codes as a sentence, with the figures that decide it."
+    sep, across = m.get("I_zs_given_x_norm"), m.get("I_zs_norm")
+    if verdict == "names": return "its codes name the strategy: each code stands for one strategy on every input"
+    if verdict == "relabels": return (f"its codes do not name the strategy: z keeps each input's strategies apart (I(z;s|x)/H {sep:.2f}) but labels them differently "
+                                      f"from input to input (I(z;s)/H {across:.2f}); no objective here rules that out, every one is the same under relabelling the codes input by input")
+    if verdict == "between": return f"its codes name the strategy on some inputs and relabel it on others (I(z;s|x)/H {sep:.2f}, I(z;s)/H {across:.2f})"
+    if verdict == "merges" and m["rate"] < 0.05: return f"its codes do not name the strategy: z collapsed (held-out rate {m['rate']:.2f} nats), the base predicts y without it"
+    if verdict == "merges": return f"its codes do not name the strategy: they do not keep each input's strategies apart (I(z;s|x)/H {sep:.2f} < {SEPARATES})"
+    return ""
 
 # %% ../nbs/10b_cli.ipynb #b36a0949
 def export_main(argv: list[str] | None = None,  # the arguments (None: the command line's)

@@ -356,6 +356,7 @@ def hf_run_plan(run_dir,               # the run directory (it may hold part of 
         plan.append({"phase": "metrics", "what": "held-out metrics" + (" and the task's checker on routed and forced generations" if config.task else ""), "seconds": None})
     return plan
 
+# %% ../nbs/10a_hf.ipynb #38f46380
 def hf_run(run_dir,                            # the run directory (made if absent; resumed if it holds this run)
            config: HFRunConfig,
            device: str = "auto",               # 'auto', 'cpu' or 'cuda' (under torchrun each process takes its LOCAL_RANK GPU)

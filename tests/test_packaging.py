@@ -427,8 +427,10 @@ def test_the_readmes_default_run_is_the_reference_run():
     text = " ".join((ROOT / "README.md").read_text().split())
     assert "basedirected-train --run-dir runs/x ```" in text
     assert m["settled"] is True and m["rate"] > 0.55 and m["gen_alignment_controlled_all"] - m["gen_alignment_controlled_all_null"] > 0.2
-    assert (f"a held-out rate of {m['rate']:.3f} nats (log 3 = {math.log(3):.3f}) with codes that name the strategy in "
-            f"{100 * m['gen_alignment_controlled_all']:.1f} % of forced generations (chance {100 * m['gen_alignment_controlled_all_null']:.1f} %), "
+    from basedirected.comparisons import code_verdict
+    assert code_verdict({"K": 3, **m}) == "names"  # the one definition of the word
+    assert (f"a held-out rate of {m['rate']:.3f} nats (log 3 = {math.log(3):.3f}) with forced generations that follow their code's strategy in "
+            f"{100 * m['gen_alignment_controlled_all']:.1f} % (chance {100 * m['gen_alignment_controlled_all_null']:.1f} %) and codes that name the strategy, "
             f"answers right on {100 * m['gen_answer_rate']:.1f} %, settled") in text
     idle, loaded = (int(mi) * 60 + float(s) for mi, s in re.findall(r"^real\s+(\d+)m([\d.]+)s", (ref / "run.log").read_text(), re.M))
     assert idle <= 90 and f"{idle:.1f} s on 2 idle cores, {loaded:.1f} s beside one other 2-thread job" in text
