@@ -308,3 +308,39 @@ def test_surface_forms_are_drawn_when_there_are_several_and_refused_when_bad():
     x = (5, 3, 9, 1, 0)
     wrong = tuple(t + "~7" if i == 0 else t for i, t in enumerate(task.render(x, 0)))
     assert not task.check(x, wrong).valid
+
+
+def test_the_tasks_pages_own_task_is_a_module_that_runs_at_its_documented_settings(tmp_path, monkeypatch):
+    "The page's Mirror cell saved as mymodule.py passes check_task, draws the default splits of unseen inputs, and the page's command resolves to the reference run's configuration."
+    import json
+    import sys
+    from pathlib import Path
+    from basedirected.config import build_parser, config_from_args
+    from basedirected.tasks import check_task, make_splits
+    root = Path(__file__).resolve().parents[1]
+    cells = ["".join(c["source"]) for c in json.loads((root / "nbs" / "05_tasks.ipynb").read_text())["cells"]]
+    (cell,) = [c for c in cells if "class Mirror(Task):" in c]
+    (tmp_path / "mymodule_page.py").write_text("from dataclasses import dataclass\n\nfrom basedirected.tasks import Task, TaskCheck\n\n\n" + cell + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+    module = importlib.import_module("mymodule_page")
+    try:
+        check_task(module.Mirror())
+        (page,) = [c for c in cells if c.startswith("**Running it.**")]
+        command = page[page.index("basedirected-train"):page.index("\n", page.index("basedirected-train"))].split()
+        reference = (root / "reference" / "own-task" / "command.txt").read_text().split()
+        assert [a for a in command if not a.startswith("runs/")] == [a for a in reference if not a.startswith("/tmp/")]
+        argv = [a.replace("mymodule:", "mymodule_page:") for a in command[1:]]
+        config = config_from_args(build_parser().parse_args(argv))
+        recorded = json.loads((root / "reference" / "own-task" / "config.json").read_text())["config"]
+        assert json.loads(json.dumps(config.to_dict()["task"])) == recorded["task"] and config.cvae.K == 2 and config.base.steps == 3000 and config.train.steps == 800
+        import re
+        (minutes, seconds), = re.findall(r"^real\s+(\d+)m([\d.]+)s", (root / "reference" / "own-task" / "run.log").read_text(), re.M)
+        assert 45 <= int(minutes) * 60 + float(seconds) <= 90 and "trains end to end in about a minute (`reference/own-task/`)" in (root / "README.md").read_text()
+        assert f"it took {round(int(minutes) * 60 + float(seconds))} s by the shell's clock" in page
+        train, held = make_splits(config.task, config.n_train, config.n_eval, config.data_seed)
+        assert len(train) == config.n_train and not {e.x for e in train} & {e.x for e in held}
+    finally:
+        sys.modules.pop("mymodule_page", None)
+        from basedirected.tasks import Task
+        if getattr(Task.registry.get("mirror"), "__module__", None) == "mymodule_page": del Task.registry["mirror"]
