@@ -74,6 +74,19 @@ def execute_notebook(src: Path,                   # the notebook to execute
     tmp = Path(dst).with_suffix(".tmp")
     nbformat.write(nb, tmp); os.replace(tmp, dst)
 
+# %% ../nbs/14_docs.ipynb #bdf97287
+def _execute_quietly(src: Path, dst: Path, timeout: int, threads: int | None, skip: tuple[str, ...]) -> float:
+    "`execute_notebook` with the kernel's own chatter (Jupyter's transport warnings) in `dst`'s .log file instead of the terminal; its seconds."
+    import sys, time
+    t0, log = time.perf_counter(), Path(dst).with_suffix(".log")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(log, "w") as f:
+        os.dup2(f.fileno(), 2)  # the kernel is a child of this worker: it inherits the descriptor
+        try: execute_notebook(src, dst, timeout, threads, skip)
+        finally: sys.stderr.flush(); os.dup2(saved, 2); os.close(saved)
+    return time.perf_counter() - t0
+
 def executed(pages: list[Path],     # the notebooks to execute
              lib: Path,             # the package's source folder: its modules are part of the cache key
              cache: Path,           # the folder of executed notebooks, named by key
@@ -90,10 +103,18 @@ def executed(pages: list[Path],     # the notebooks to execute
         out[p] = dst
         if not dst.exists(): todo.append((p, dst))
     if todo:
+        import sys
+        from concurrent.futures import as_completed
+        print(f"executing {len(todo)} of {len(pages)} notebooks ({len(pages) - len(todo)} from the cache in {cache}), {jobs} at a time", file=sys.stderr, flush=True)
         threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
         ctx = __import__("multiprocessing").get_context("spawn")
         with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx) as pool:
-            for f in [pool.submit(execute_notebook, s, d, 900, threads, tuple(skip)) for s, d in todo]: f.result()
+            running = {pool.submit(_execute_quietly, s, d, 900, threads, tuple(skip)): s for s, d in todo}
+            for n, f in enumerate(as_completed(running), 1):
+                try: seconds = f.result()
+                except Exception as e:
+                    raise RuntimeError(f"{running[f].name} failed to execute: {type(e).__name__}: {str(e)[-2000:]}") from None
+                print(f"  {n}/{len(todo)} {running[f].stem} ({seconds:.0f} s)", file=sys.stderr, flush=True)
     return out
 
 # %% ../nbs/14_docs.ipynb #ba7d6428
