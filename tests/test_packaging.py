@@ -515,3 +515,27 @@ def test_a_name_that_moved_room_still_imports_from_its_old_one_with_a_warning():
     from basedirected.experiments import Preset, RunSpec, plan  # still used by the runner: plain names, no warning
     from basedirected import presets
     assert (Preset, RunSpec, plan) == (presets.Preset, presets.RunSpec, presets.plan)
+
+
+def test_every_rank_test_and_barrier_outside_the_steppers_is_one_the_guide_names():
+    "Rank tests and barriers live in the steppers, except where the guide says why (before a stepper exists, or after): a new one fails here until it is named."
+    import ast
+    import json
+    import collections
+    found = collections.Counter()
+    for path in sorted((ROOT / "basedirected").glob("*.py")):
+        if path.name == "_modidx.py": continue
+        def walk(node, where):
+            for child in ast.iter_child_nodes(node):
+                inner = [*where, child.name] if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else where
+                if isinstance(child, ast.Call) and getattr(child.func, "id", getattr(child.func, "attr", None)) == "barrier": found[(path.stem, ".".join(where))] += 1
+                if (isinstance(child, ast.Compare) and len(child.ops) == 1 and isinstance(child.ops[0], (ast.Eq, ast.NotEq)) and isinstance(child.comparators[0], ast.Constant)
+                        and child.comparators[0].value == 0 and getattr(child.left, "id", getattr(child.left, "attr", None)) == "rank"): found[(path.stem, ".".join(where))] += 1
+                walk(child, inner)
+        walk(ast.parse(path.read_text()), [])
+    steppers = {("train", "ShardedRun.__init__"), ("train", "ShardedRun.finish"), ("machine", "barrier")}
+    named = {("cli", "train_main"), ("train", "run"), ("hf", "hf_run"), ("runs", "prepare_run"), ("hf", "prepare_hf_run"), ("hf", "_hf_run"), ("train", "_stages")}
+    assert set(found) - steppers == named, sorted(set(found) - steppers - named)
+    guide = " ".join("".join(c["source"]) for c in json.loads((ROOT / "nbs" / "15_guide.ipynb").read_text())["cells"])
+    section = guide[guide.index("**Processes outside the stepper.**"):]
+    assert all(f"`{function}`" in section[:1500] for _, function in named)
