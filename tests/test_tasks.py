@@ -338,6 +338,9 @@ def test_the_tasks_pages_own_task_is_a_module_that_runs_at_its_documented_settin
         (minutes, seconds), = re.findall(r"^real\s+(\d+)m([\d.]+)s", (root / "reference" / "own-task" / "run.log").read_text(), re.M)
         assert 45 <= int(minutes) * 60 + float(seconds) <= 90 and "trains end to end in about a minute (`reference/own-task/`)" in (root / "README.md").read_text()
         assert f"it took {round(int(minutes) * 60 + float(seconds))} s by the shell's clock" in page
+        from basedirected.cli import _verdict
+        record = json.loads((root / "reference" / "own-task" / "metrics.json").read_text())
+        assert _verdict(record, 2, 2) in (root / "reference" / "own-task" / "run.log").read_text()  # what the command printed is what it prints today
         train, held = make_splits(config.task, config.n_train, config.n_eval, config.data_seed)
         assert len(train) == config.n_train and not {e.x for e in train} & {e.x for e in held}
     finally:
