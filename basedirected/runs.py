@@ -322,9 +322,11 @@ def prepare_base(run_dir: Path,               # where base.pt is, or goes
                  on_step=None,                # called as on_step(step, model) after each pre-training step (a run's progress)
                 ) -> TinyCausalLM:
     "Load `base.pt` from `run_dir` if it matches `config`; else install the shipped base `shipped`; else pre-train it (on `base_training_examples`, never on a `held_out` input), from `base_checkpoint.pt` where a kill left one, and save it."
-    model = load_base(run_dir, vocab, config)
-    if model is not None: return model.to(device)
     rd = RunDir(run_dir)
+    model = load_base(run_dir, vocab, config)
+    if model is not None:
+        rd.base_checkpoint.unlink(missing_ok=True)  # a kill between saving base.pt and removing its pre-training state left it
+        return model.to(device)
     if shipped is not None:
         install_pretrained(shipped, rd.path)
         return load_base(rd.path, vocab, config).to(device)

@@ -120,6 +120,18 @@ def test_kill_9_in_every_phase_then_the_same_command_gives_the_uninterrupted_fil
     assert strip(read_log(a / "log.jsonl")) == strip(read_log(b / "log.jsonl")) and not (a / "base_checkpoint.pt").exists()
 
 
+def test_a_kill_between_saving_the_base_and_removing_its_pretraining_state_leaves_nothing_behind(tmp_path, uninterrupted):
+    "The narrow window the kill test hits by chance, made certain: base.pt written, base_checkpoint.pt not yet removed; the rerun removes it and changes nothing else."
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(uninterrupted, run)
+    (run / "base_checkpoint.pt").write_bytes((run / "base.pt").read_bytes())
+    before = {f.name: f.read_bytes() for f in run.iterdir() if f.name not in ("base_checkpoint.pt", "command.txt")}
+    assert train_main(["--run-dir", str(run), *PHASES]) == 0
+    assert not (run / "base_checkpoint.pt").exists()
+    assert {f.name: f.read_bytes() for f in run.iterdir() if f.name != "command.txt"} == before
+
+
 # --- non-finite values ---------------------------------------------------------------------------------------------------
 
 def _poison(monkeypatch, at_steps, value=float("nan")):
