@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
+import json
 import math
 import statistics
 from pathlib import Path
@@ -27,14 +29,15 @@ from .weights import reference_weights
 # %% auto #0
 __all__ = ['TABLE_METRICS', 'GRID_COORDINATES', 'DEFAULT_COLUMNS', 'TABLE_LEGEND', 'STATS_HEADER', 'CONTRASTS_HEADER',
            'PAIRED_METRICS', 'SUCCESS', 'MEANING_FLOOR', 'CURVE_TERMS', 'ANSWER_METRIC', 'PRIMARY_FIGURES',
-           'PREDICTION_LEVEL', 'VERDICT_ALPHA', 'GENERATOR_FALL_NATS', 'group_by', 'aggregate', 'markdown_table',
-           'contrasts_markdown', 'stats_markdown', 'write_results', 'write_statistics', 'holm', 'paired_difference',
-           'paired_statistics', 'success_counts', 'success_parts', 'base_contrasts', 'metric_components', 'run_dirs',
-           'read_results', 'figure_frontier', 'figure_collapse', 'figure_alignment', 'figure_escape', 'figure_curves',
-           'figure_gain_per_position', 'figure_weights', 'figure_paired', 'answer_rows', 'answer_text', 'figure_answer',
-           'headline_text', 'prediction_interval', 'compare_collections', 'figure_verdicts', 'comparison_text',
-           'write_figures', 'write_base_gates', 'write_curves', 'curve_verdicts', 'nats_per_unit',
-           'strict_rule_in_nats', 'write_reports']
+           'PREDICTION_LEVEL', 'VERDICT_ALPHA', 'RUN_FIGURES', 'GENERATOR_FALL_NATS', 'group_by', 'aggregate',
+           'markdown_table', 'contrasts_markdown', 'stats_markdown', 'write_results', 'write_statistics', 'holm',
+           'paired_difference', 'paired_statistics', 'success_counts', 'success_parts', 'base_contrasts',
+           'metric_components', 'figure_data', 'figure_digest', 'run_dirs', 'read_results', 'figure_frontier',
+           'figure_collapse', 'figure_alignment', 'figure_escape', 'figure_curves', 'figure_gain_per_position',
+           'figure_weights', 'figure_paired', 'answer_rows', 'answer_text', 'figure_answer', 'headline_text',
+           'prediction_interval', 'compare_collections', 'figure_verdicts', 'comparison_text', 'write_figures',
+           'write_base_gates', 'write_curves', 'curve_verdicts', 'nats_per_unit', 'strict_rule_in_nats',
+           'write_reports']
 
 # %% ../nbs/12_reports.ipynb #ca5567ef
 _ALIGNMENTS = tuple(f"{pre}{a}_{t}{s}" for pre, t in (("", "posterior"), ("gen_", "controlled"), ("gen_", "controlled_all"))
@@ -372,6 +375,53 @@ def metric_components(records: list[dict],                        # one metrics 
                              "n": sum(map(len, by_base.values())), **vc})
     return rows
 
+# %% ../nbs/12_reports.ipynb #faad1fd4
+def _numbers(a) -> list:
+    "An array's values as nested lists of floats to six significant digits, NaN and masked values as None."
+    import numpy as np
+    a = np.ma.filled(np.ma.asarray(a, dtype=float), np.nan)
+    return np.vectorize(lambda v: float(f"{v:.6g}") if math.isfinite(v) else None, otypes=[object])(a).tolist() if a.size else []
+
+def _tick_labels(axis) -> list[str] | None:
+    "An axis's tick labels where the figure named them (`set_xticks(..., labels)`), else None: numeric ticks follow the data already recorded."
+    from matplotlib.ticker import FixedFormatter, FuncFormatter
+    named = isinstance(axis.get_major_formatter(), (FixedFormatter, FuncFormatter))  # how `set_ticks(..., labels)` holds them, by matplotlib's version
+    return [t.get_text() for t in axis.get_ticklabels()] if named else None
+
+def figure_data(fig) -> dict:
+    "What a drawn figure shows, read back from it: its title and, panel by panel, the titles, labels, legend, texts and the data coordinates of every line, point, bar, band and image."
+    from matplotlib.collections import PathCollection
+    from matplotlib.patches import Rectangle
+    panels = []
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        panels.append({"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
+                       "xticks": _tick_labels(ax.xaxis), "yticks": _tick_labels(ax.yaxis),
+                       "lines": [{"label": "" if l.get_label().startswith("_") else l.get_label(), "xy": _numbers(l.get_xydata())} for l in ax.lines],
+                       # a scatter's paths are its marker's shape in points; its offsets are the data
+                       "collections": [{"kind": type(c).__name__, "offsets": _numbers(c.get_offsets()),
+                                        "paths": [] if isinstance(c, PathCollection) else [_numbers(p.vertices) for p in c.get_paths()]} for c in ax.collections],
+                       "bars": [_numbers([p.get_x(), p.get_y(), p.get_width(), p.get_height()]) for p in ax.patches if isinstance(p, Rectangle)],
+                       "images": [_numbers(im.get_array()) for im in ax.images],
+                       "texts": [t.get_text() for t in ax.texts],
+                       "legend": [t.get_text() for t in legend.get_texts()] if legend else []})
+    return {"title": fig._suptitle.get_text() if fig._suptitle is not None else "", "panels": panels}
+
+def figure_digest(data: dict) -> str:
+    "The SHA-256 of `figure_data`'s dictionary in its canonical JSON: what a figure's PNG and SVG carry in their metadata."
+    return hashlib.sha256(json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()).hexdigest()
+
+def _save(fig, out: Path, name: str):
+    "Write `fig` into `out/figures/` as PNG and SVG, both carrying the digest of its data, and the data as `<name>.json`."
+    import matplotlib
+    d = Path(out) / "figures"; d.mkdir(parents=True, exist_ok=True)
+    data = figure_data(fig)
+    described = f"figure data sha256 {figure_digest(data)}"
+    fig.savefig(d / f"{name}.png", dpi=130, bbox_inches="tight", metadata={"Description": described})
+    with matplotlib.rc_context({"svg.hashsalt": name}):  # the SVG's element ids from its name, its date left out: one figure, one file
+        fig.savefig(d / f"{name}.svg", bbox_inches="tight", metadata={"Description": described, "Date": None})
+    atomic_write_json(d / f"{name}.json", data)
+
 # %% ../nbs/12_reports.ipynb #be4d44e0
 CURVE_TERMS = tuple(t for t in TERM_NAMES if t not in ("topk", "mean1", "inv_tok"))  # the terms drawn in the training curves
 
@@ -380,11 +430,6 @@ def run_dirs(out: Path,          # the sweep's output directory
     "The run directories of a sweep, by key (anything else under `runs/` is ignored)."
     d = SweepDir(out).runs
     return sorted((RunDir(p) for p in d.iterdir() if RunDir(p).is_run()), key=lambda rd: rd.path.name) if d.is_dir() else []
-
-def _save(fig, out: Path, name: str):
-    "Write `fig` as PNG and SVG into `out/figures/`."
-    (Path(out) / "figures").mkdir(parents=True, exist_ok=True)
-    for ext in ("png", "svg"): fig.savefig(Path(out) / "figures" / f"{name}.{ext}", dpi=130, bbox_inches="tight")
 
 def read_results(out: Path,        # the sweep's output directory
                 ) -> list[dict]:  # one row per run
@@ -784,9 +829,11 @@ def comparison_text(rows: list[dict],  # `compare_collections`'s rows
     return "\n".join(lines + [f"verdict ({', '.join(map(str, seeds))} reference seeds per cell): {verdict}"])
 
 # %% ../nbs/12_reports.ipynb #894eb902
+RUN_FIGURES = ("training-curves", "weights-heatmap")  # drawn from run directories (training logs, a base and its held-out split), which a collection leaves out
+
 def write_figures(out: Path,  # the sweep's output directory (figures go to OUT/figures)
                  ) -> None:
-    "All figures of a finished sweep."
+    "Every figure whose inputs the sweep's files hold: escape curves where it has `curves.csv` and gains per position where its records have them (an older collection has neither), `RUN_FIGURES` where its run directories are here."
     import matplotlib
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
@@ -794,9 +841,11 @@ def write_figures(out: Path,  # the sweep's output directory (figures go to OUT/
     for regime, latent in sorted({(r["regime"], r["latent"]) for r in rows}):
         plt.close(figure_frontier(out, regime, latent)); plt.close(figure_collapse(out, regime, latent))
         if latent == "discrete": plt.close(figure_alignment(out, regime, latent))
-    for regime in sorted({r["regime"] for r in rows}): plt.close(figure_escape(out, regime))
+    if SweepDir(out).curves.is_file():
+        for regime in sorted({r["regime"] for r in rows}): plt.close(figure_escape(out, regime))
+    gains = {r["regime"] for r in read_records(out) if r.get("gain_per_position")}
     for regime in sorted({r["regime"] for r in rows}):
-        plt.close(figure_gain_per_position(out, regime))
+        if regime in gains: plt.close(figure_gain_per_position(out, regime))
         if any(r["regime"] == regime and r.get("objective") == "theta" and r.get("latent") == "discrete" for r in rows): plt.close(figure_paired(out, regime))
     if any(r.get("latent") == "discrete" for r in rows): plt.close(figure_answer(out))
     if run_dirs(out): plt.close(figure_curves(out))  # a collection merged from an earlier one may have no run directory here
