@@ -60,7 +60,7 @@ def _checked(a: argparse.Namespace, world: int):
         base = base_choice(a)
         train = lambda: run(a.run_dir, config, device=a.device, progress=not a.quiet, stop_after=a.stop_after, resume_without_log=a.resume_without_log,
                             require_gate=not a.allow_failed_base, compile=a.compile, shared_prefix=a.shared_prefix, metrics=not a.no_metrics,
-                            tensorboard=a.tensorboard, base=base)
+                            tensorboard=a.tensorboard, base_from=base)
     try: check_batch_split(config.train, world)  # under torchrun, before any rank writes anything
     except ValueError as e: raise ValueError(f"--batch-size {config.train.batch_size}: {e}") from None
     if config.cvae.latent == "discrete" and config.cvae.K == 1 and not a.allow_inert:

@@ -13,6 +13,7 @@ import inspect
 import linecache
 import math
 import re
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -36,12 +37,12 @@ __all__ = ['LR_SCHEDULES', 'MAX_KL_WEIGHT', 'KL_WEIGHT_WHY', 'ADAPT_MODES', 'OPT
            'BACKBONES', 'RUN_OPTIONS', 'TASK_OPTIONS', 'HF_OPTIONS', 'OBJECTIVE_OPTIONS', 'TRAINING_OPTIONS', 'OPTIONS',
            'WITHOUT_EFFECT', 'TrainConfig', 'objective_mismatch', 'check_objective_name', 'MetricsConfig',
            'check_run_config', 'RunConfig', 'AdaptConfig', 'FineTuneConfig', 'HFRunConfig', 'rename_fields',
-           'apply_overrides', 'recipe_overrides', 'objective_training', 'pretrained_overrides', 'default_changes',
-           'check_overrides', 'resolve_config', 'resolve_hf_config', 'field_comments', 'add_dataclass_options',
-           'dataclass_from_args', 'Ceiling', 'Coordinate', 'Option', 'option_ceiling', 'check_option_value',
-           'option_help', 'OneLineParser', 'build_parser', 'coordinates', 'coordinate_name', 'coordinate_key',
-           'coordinate_record', 'coordinate_label', 'task_coordinates', 'refuse_without_effect', 'base_choice',
-           'config_from_args', 'hf_config_from_args', 'command_argv']
+           'apply_overrides', 'recipe_overrides', 'objective_training', 'renamed_keyword', 'pretrained_overrides',
+           'default_changes', 'check_overrides', 'resolve_config', 'resolve_hf_config', 'field_comments',
+           'add_dataclass_options', 'dataclass_from_args', 'Ceiling', 'Coordinate', 'Option', 'option_ceiling',
+           'check_option_value', 'option_help', 'OneLineParser', 'build_parser', 'coordinates', 'coordinate_name',
+           'coordinate_key', 'coordinate_record', 'coordinate_label', 'task_coordinates', 'refuse_without_effect',
+           'base_choice', 'config_from_args', 'hf_config_from_args', 'command_argv']
 
 # %% ../nbs/09_config.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
@@ -408,6 +409,16 @@ def objective_training(objective: str,          # a name of the objectives table
 # %% ../nbs/09_config.ipynb #d09f02d8
 DEFAULT_TASK = "sorting"
 BASE_CHOICES = ("auto", "train")  # beside a shipped base's name: the shipped base of the recipe if there is one, else trained here; trained here
+
+def renamed_keyword(function: str,  # the function whose keyword was renamed
+                    old: str, new: str,  # the keyword's former and present names
+                    old_value, new_value, default,  # what the caller gave under each (the old one: None when not given), and the new one's default
+                   ):
+    "The value of a keyword renamed from `old` to `new`: the old name still works for a release, with a `DeprecationWarning`; both at once are refused."
+    if old_value is None: return new_value
+    if new_value != default: raise ValueError(f"{function}: {old}= and {new}= are one setting ({old} is its former name); give {new}= only")
+    warnings.warn(f"{function}({old}=...) is now {function}({new}=...): 'base' names the base model and its configuration only", DeprecationWarning, stacklevel=3)
+    return old_value
 DEFAULT_RUN = {"cvae.posterior": "exact", "train.tau": 0.07, "train.steps": 700}  # what a run is unless told otherwise (K: the task's strategies)
 
 def pretrained_overrides(key: dict,  # a shipped base's recipe (`base_key`)
@@ -448,18 +459,20 @@ def resolve_config(task: Task | str | None = None,       # a task, or a register
                    alpha: float | None = None, gamma: float | None = None,  # theta's weights (None: 0.5 and 1)
                    regime: str | None = None,             # a named preset of a task given by name
                    names: dict[str, str] | None = None,   # dotted path -> the caller's name for it, in error messages
-                   base: str | None = None,               # a shipped base's name: the task, the data seed and the base's recipe are its own
+                   shipped_base: str | None = None,       # a shipped base's name: the task, the data seed and the base's recipe are its own
                    backbone: str | None = None,           # a Hugging Face causal LM's directory: the run is an HFRunConfig (task: its data's checker, or None)
                    data: str | None = None,               # the training JSONL of a run on `backbone`
                    eval_data: str | None = None,          # its held-out JSONL (None: the first n_eval training records)
                    normalize_reconstruction_loss: bool = False,  # the original switch: the uniform weight moves from R_std to R_dist (objective 'custom')
+                   base: str | None = None,               # deprecated: `shipped_base`
                    **task_fields,                         # fields of a task given by name (e.g. prior, tie_fraction)
                   ) -> RunConfig | HFRunConfig:
     "One run's complete configuration: the task's base recipe (or a shipped base's), `default_changes`, the objective's loss and KL treatment, then `overrides` (a `loss.lambda_*` makes it `custom`); on a `backbone`, the `HFRunConfig` of its data."
+    base = renamed_keyword("resolve_config", "base", "shipped_base", base, shipped_base, None)
     check_overrides(overrides, names)
     if backbone is not None:
         if base is not None or task_fields:
-            raise ValueError(f"{', '.join(['base'] * (base is not None) + sorted(task_fields))}: a run on a backbone adapts that backbone; these belong to the small transformer's runs")
+            raise ValueError(f"{', '.join(['shipped_base'] * (base is not None) + sorted(task_fields))}: a run on a backbone adapts that backbone; these belong to the small transformer's runs")
         return _original_switch(resolve_hf_config(backbone, data, eval_data, task, regime, objective, overrides, alpha, gamma, names), normalize_reconstruction_loss)
     if data is not None or eval_data is not None: raise ValueError("data and eval_data are the JSONL of a run on a Hugging Face backbone: give backbone too")
     if base is None and task is None: task = DEFAULT_TASK
@@ -956,7 +969,7 @@ def config_from_args(a: argparse.Namespace,  # what `build_parser` parsed
     given = _given(a, "tiny")
     fields = {k: v for k, v in (("prior", a.prior), ("tie_fraction", a.tie_fraction)) if v is not None}
     try: cfg = resolve_config(a.task, a.objective, {k: v for k, (v, _) in given.items()}, a.alpha, a.gamma, a.regime,
-                              names={k: flag for k, (_, flag) in given.items()}, base=a.base if shipped else None,
+                              names={k: flag for k, (_, flag) in given.items()}, shipped_base=a.base if shipped else None,
                               normalize_reconstruction_loss=a.normalize_reconstruction_loss, **fields)
     except ValueError as e: raise ValueError(_as_flags(str(e))) from None
     if "cvae.coupling_reader" in given and not cfg.cvae.coupling: raise ValueError("--coupling-reader is the coupling term's classifier: it needs --coupling > 0")

@@ -56,7 +56,7 @@ def __getattr__(name: str):
 def prepare_shared_base(out: Path,            # the sweep's directory
                         spec: RunSpec,        # a cell of the (task, data seed) whose base this is
                         device: str = "auto",
-                        base: str = "auto",   # 'auto' (the shipped base of the recipe, else trained here) or 'train' (`base_source`)
+                        base_from: str = "auto",  # 'auto' (the shipped base of the recipe, else trained here) or 'train' (`base_source`)
                        ) -> dict:             # the base's gate
     "Install (or train, or reuse) the base model, $\\widehat c_\\theta$ and gate shared by every run of `(spec.regime, data seed)`; returns the gate. Under the base's lock: one process prepares it, any other waits and reuses it."
     cfg, dev = spec.config, resolve_device(device)
@@ -66,7 +66,7 @@ def prepare_shared_base(out: Path,            # the sweep's directory
         d.mkdir(parents=True, exist_ok=True); remove_temporaries(d)
         vocab = run_vocab(cfg)
         train, held_out = make_splits(cfg.task, cfg.n_train, cfg.n_eval, seed=cfg.data_seed)
-        base = prepare_base(d, vocab, train, cfg, dev, held_out=held_out, shipped=base_source(d, cfg, base)["shipped"])
+        base = prepare_base(d, vocab, train, cfg, dev, held_out=held_out, shipped=base_source(d, cfg, base_from))
         prepare_reference_scale(d, base, vocab, train, FrozenReference(base), cfg, dev)
         return prepare_gate(d, base, vocab, cfg, held_out, dev)
 
@@ -448,12 +448,12 @@ def execute(out: Path,              # the sweep's directory
             compile: bool = False,  # compile each group's step
             earlier: Path | None = None,  # an earlier collection of the preset: its cells are not trained here (`earlier_cells`)
             only: str | None = None,  # a regular expression: train only the cells whose key it matches (`re.search`), and their bases
-            base: str = "auto",     # 'auto': each base shipped with the package where one was trained for its recipe, else trained here; 'train': every one trained here
+            base_from: str = "auto",  # 'auto': each base shipped with the package where one was trained for its recipe, else trained here; 'train': every one trained here
             tensorboard: Path | None = None,  # also write each cell's log as TensorBoard events in tensorboard/<key>
            ) -> list[dict]:         # one metrics record per cell that ran (a skipped base's cells have none), in plan order
     "Run every cell of `preset` under `out`, packing up to `group_size` cells that share a `group_key` into one trained group; returns one metrics record per run (`skipped_cells` names those a failed base skips). With `earlier`, the cells it holds are left out, and so are the bases it gated that this sweep lacks, which must be seeded (`seed_bases`) where a cell left adapts from them. With `only`, the other cells are left for another sitting."
     threads = torch.get_num_threads()  # cells run in this process set the preset's thread count; the caller gets its own back
-    try: return _execute(out, preset, jobs, device, force, progress, group_size, compile, earlier, only, base, tensorboard)
+    try: return _execute(out, preset, jobs, device, force, progress, group_size, compile, earlier, only, base_from, tensorboard)
     finally: torch.set_num_threads(threads)
 
 # %% ../nbs/11_experiments.ipynb #dd498fcd
@@ -463,7 +463,7 @@ def _no_records() -> Future:
 
 # %% ../nbs/11_experiments.ipynb #91c8e17a
 def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, progress: bool, group_size: int, compile: bool,
-             earlier: Path | None = None, only: str | None = None, base: str = "auto",
+             earlier: Path | None = None, only: str | None = None, base_from: str = "auto",
              tensorboard: Path | None = None) -> list[dict]:
     out = Path(out); check_sweep_dir(out)
     done, before = earlier_cells(earlier) if earlier is not None else (set(), {})
@@ -480,7 +480,7 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
     devices = [f"cuda:{i % n_gpu}" if n_gpu else device for i in range(len(packs))]
     records = {}
     if jobs <= 1:
-        usable = selected_bases(preset, every, lambda keys: [prepare_shared_base(out, shared[k], device, base) for k in tqdm(keys, desc="base models", disable=not progress)], known)
+        usable = selected_bases(preset, every, lambda keys: [prepare_shared_base(out, shared[k], device, base_from) for k in tqdm(keys, desc="base models", disable=not progress)], known)
         check_earlier_bases(out, specs, usable, before)
         bar = tqdm(total=len(specs), desc="runs", disable=not progress)
         for pack, dev in zip(packs, devices):
@@ -492,7 +492,7 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
         with SweepWorkers(max_workers=jobs, mp_context=ctx, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
             def prepare(keys):  # the bases in parallel, the longest first
                 order = sorted(keys, key=lambda k: -shared[k].config.base.steps)
-                futures = {k: pool.submit(prepare_shared_base, out, shared[k], devices[i % len(devices)], base) for i, k in enumerate(order)}
+                futures = {k: pool.submit(prepare_shared_base, out, shared[k], devices[i % len(devices)], base_from) for i, k in enumerate(order)}
                 return [futures[k].result() for k in keys]
             usable = selected_bases(preset, every, prepare, known)  # every base gated (and a failed one replaced, with bases_needed) before any run
             check_earlier_bases(out, specs, usable, before)

@@ -415,11 +415,11 @@ def _export_refusal(rd: RunDir, out: Path, whole_model: bool) -> HFRunConfig:
 
 def model_card(config: HFRunConfig,  # the exported run's configuration
                whole_model: bool,    # a whole generator, or an adapter
-               base: str | None = None,  # the directory its adapter loads onto (None: the backbone; a fine-tuned base is in the run directory)
+               base_dir: str | None = None,  # the base model's directory, which its adapter loads onto (None: the backbone; a fine-tuned base is in the run directory)
                out: str = ".",       # where the export is written (its absolute path, so that the lines run from anywhere)
               ) -> str:              # README.md of the export
     "The export's README.md: what it is and the lines that load it back onto the backbone."
-    base = config.backbone if base is None else base
+    base = config.backbone if base_dir is None else base_dir
     load = ("model = AutoModelForCausalLM.from_pretrained(OUT)" if whole_model else
             f"model = AutoModelForCausalLM.from_pretrained({base!r})\nmodel.resize_token_embeddings(len(tok))  # the layout's tokens and the codes\n"
             "model = PeftModel.from_pretrained(model, OUT)")

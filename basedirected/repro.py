@@ -60,7 +60,7 @@ def _run_sweep(a, out: Path, cluster: ClusterConfig, jobs: int, group_size: int)
     p = sweep_plan(out, preset, jobs, a.only, earlier, a.force, "train" if a.train_bases else "auto")
     print(sweep_plan_text(p, a.preset), flush=True)
     records = execute(out, preset, jobs=jobs, device=a.device, force=a.force, progress=not a.quiet, group_size=group_size, compile=a.compile,
-                      earlier=earlier, only=a.only, base="train" if a.train_bases else "auto", tensorboard=a.tensorboard)
+                      earlier=earlier, only=a.only, base_from="train" if a.train_bases else "auto", tensorboard=a.tensorboard)
     summary = {"preset": a.preset, "executor": "pool", "finished_before": p["finished"] + p["earlier"], "jobs": jobs, "group_size": group_size, "compiled": a.compile, **({"only": a.only} if a.only else {}),
                "bases": "trained here" if a.train_bases else "shipped where one serves the recipe"}
     if earlier is None and a.only is None: return records, [], summary
@@ -79,7 +79,7 @@ def sweep_plan(out: Path,                 # the sweep's directory (it may hold f
                only: str | None = None,   # --only: the cells this invocation trains
                earlier: Path | None = None,  # --earlier: a collection whose cells are not trained again
                force: bool = False,       # --force: finished cells train again
-               base: str = "auto",        # 'auto' or 'train' (--train-bases)
+               base_from: str = "auto",   # 'auto' or 'train' (--train-bases)
               ) -> dict:                  # counts of cells and bases, and the estimated seconds
     "What a sweep will do from what `out` holds: its cells finished, held by `earlier`, left for another sitting and to train now; its bases to install or pre-train; and the time this machine should take."
     every = plan(preset)
@@ -90,9 +90,9 @@ def sweep_plan(out: Path,                 # the sweep's directory (it may hold f
     bases, seconds_by_kind = {}, {}
     for s in todo:
         if s.shared_base not in bases:
-            bases[s.shared_base] = [r for r in run_plan(base_dir(out, *s.shared_base), s.config, base, metrics=False) if r["phase"] in ("base", "c_theta", "gate")]
+            bases[s.shared_base] = [r for r in run_plan(base_dir(out, *s.shared_base), s.config, base_from, metrics=False) if r["phase"] in ("base", "c_theta", "gate")]
         if _time_kind(s) not in seconds_by_kind:
-            seconds_by_kind[_time_kind(s)] = sum(r["seconds"] for r in run_plan(SweepDir(out).run(s.key).path, s.config, base) if r["phase"] in ("cvae", "metrics"))
+            seconds_by_kind[_time_kind(s)] = sum(r["seconds"] for r in run_plan(SweepDir(out).run(s.key).path, s.config, base_from) if r["phase"] in ("cvae", "metrics"))
     cells = sum(seconds_by_kind[_time_kind(s)] for s in todo)
     trained = [rows for rows in bases.values() if any(r["seconds"] > 0 for r in rows)]
     base_seconds = sum(r["seconds"] for rows in bases.values() for r in rows)

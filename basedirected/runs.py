@@ -27,7 +27,7 @@ import torch.nn as nn
 
 from .base import (GATE, GATE_SAMPLES_PER_INPUT, FrozenReference, SurprisalCache, base_gate, gate_failures,
                                base_training_examples, estimate_model_reference_scale, pretrain_base)
-from .config import BASE_CHOICES, MAX_KL_WEIGHT, RunConfig
+from .config import BASE_CHOICES, MAX_KL_WEIGHT, RunConfig, renamed_keyword
 from .conventions import MAX_TERM_WEIGHT, patch, same_configuration
 from .cvae import build_cvae
 from .machine import barrier, distributed_setup, environment_record, resolve_device, use_numerics
@@ -43,9 +43,9 @@ __all__ = ['MAX_RECORD_BYTES', 'BASE_CHECKPOINT_EVERY', 'LOADERS', 'RunDir', 'at
            'atomic_torch_save', 'check_regular_file', 'load_checkpoint', 'read_json', 'read_table', 'trained_state',
            'load_trained_state', 'file_lock', 'exclusive_run_dir', 'remove_temporaries', 'read_log', 'truncate_log',
            'run_vocab', 'load_base', 'base_source', 'prepare_base', 'prepare_reference_scale', 'check_gate_record',
-           'prepare_gate', 'shared_surprisal', 'Run', 'read_reference_scale', 'write_run_record', 'write_command',
-           'check_writable', 'check_run_files', 'check_run_dir', 'RunInputError', 'check_sequence_lengths',
-           'prepare_run', 'load_run']
+           'prepare_gate', 'shared_surprisal', 'Run', 'read_reference_scale', 'write_run_record',
+           'recorded_shipped_base', 'write_command', 'check_writable', 'check_run_files', 'check_run_dir',
+           'RunInputError', 'check_sequence_lengths', 'prepare_run', 'load_run']
 
 # %% ../nbs/09a_runs.ipynb #7d7e3f85
 def _is_run_record(d: dict) -> bool: return isinstance(d.get("config"), dict) and isinstance(d.get("environment"), dict)
@@ -296,19 +296,19 @@ def load_base(run_dir: Path,                     # a run directory (or a shared 
 # %% ../nbs/09a_runs.ipynb #314c591c
 def base_source(run_dir: Path,      # the run directory (or a sweep's shared base directory)
                 config: RunConfig,  # the run's configuration (its recipe)
-                base: str = "auto", # 'auto', 'train' or a shipped base's name
-               ) -> dict:           # {'shipped': name or None}: what config.json records
+                base_from: str = "auto", # 'auto', 'train' or a shipped base's name
+               ) -> str | None:          # the shipped base's name, or None: trained here (config.json's `shipped_base`)
     "Which base the run adapts from: a shipped one (by name) or one trained here; `ValueError` where the directory holds a base that contradicts the choice or its record."
-    if base not in BASE_CHOICES: check_pretrained(base, config)  # an unknown name, or another recipe, refused before anything
+    if base_from not in BASE_CHOICES: check_pretrained(base_from, config)  # an unknown name, or another recipe, refused before anything
     rd = RunDir(run_dir)
-    recorded = read_json(rd.config).get("base", {}).get("shipped") if rd.is_run() else None
+    recorded = recorded_shipped_base(read_json(rd.config)) if rd.is_run() else None
     if rd.base.is_file() and (ck := load_checkpoint(rd.base)).get("base_config") is not None and same_recipe({k: ck.get(k) for k in ("base_config", "seed", "task", "n_train")}, config):
         here = shipped_name(rd.base)
         if recorded and here != recorded: verify_pretrained(check_pretrained(recorded), rd.path, files=("base.pt",))  # names the changed file
-        if base == "train" and here: raise ValueError(f"{rd.base} is the shipped base {here}, and the run asks to train its own (--train-base): choose another --run-dir, or --force")
-        if base not in BASE_CHOICES and here != base: raise ValueError(f"{rd.base} is not the shipped base {base}: choose another --run-dir, or --force")
-        return {"shipped": here}
-    return {"shipped": None if base == "train" else pretrained_for(config) if base == "auto" else base}
+        if base_from == "train" and here: raise ValueError(f"{rd.base} is the shipped base {here}, and the run asks to train its own (--train-base): choose another --run-dir, or --force")
+        if base_from not in BASE_CHOICES and here != base_from: raise ValueError(f"{rd.base} is not the shipped base {base_from}: choose another --run-dir, or --force")
+        return here
+    return None if base_from == "train" else pretrained_for(config) if base_from == "auto" else base_from
 
 # %% ../nbs/09a_runs.ipynb #105842f2
 def prepare_base(run_dir: Path,               # where base.pt is, or goes
@@ -514,6 +514,12 @@ def write_run_record(rd: RunDir,     # the run's directory
     "`config.json`: the configuration, what loads it back, and the environment (the one writer of a run's record)."
     atomic_write_json(rd.config, {"config": config.to_dict(), **fields, "environment": {**environment_record(config.seed), "world_size": world, **(versions or {})}})
 
+def recorded_shipped_base(record: dict,  # a run's config.json
+                         ) -> str | None:  # the shipped base it adapts from, or None: a base trained here
+    "The shipped base a run's record names: `shipped_base`, or a record written before that name (`\"base\": {\"shipped\": ...}`, when 'base' named four things)."
+    if "shipped_base" in record: return record["shipped_base"]
+    return (record.get("base") or {}).get("shipped")
+
 def write_command(rd: RunDir,     # the run's directory
                   argv: list[str],  # the command that trains it, program first
                  ) -> None:
@@ -585,10 +591,12 @@ def prepare_run(run_dir: Path,                     # the run directory (made if 
                 device: str = "auto",              # 'auto', 'cpu' or 'cuda[:i]' (under torchrun each process takes its LOCAL_RANK GPU)
                 progress: bool = False,            # a progress bar over the base's pre-training
                 resume_without_log: bool = False,  # a checkpoint without its log.jsonl may resume
-                base: str = "auto",                # 'auto' (the shipped base of the recipe, else trained here), 'train', or a shipped base's name
+                base_from: str = "auto",           # 'auto' (the shipped base of the recipe, else trained here), 'train', or a shipped base's name
                 on_base_step=None,                 # called as on_base_step(step, model) after each pre-training step of a base trained here
+                base: str | None = None,           # deprecated: `base_from`
                ) -> Run:
     "Everything a new or resumed run needs, with `config.json` written first; the CVAE is freshly initialized from the base. Under `torchrun` rank 0 writes every file and the other processes read them."
+    base_from = renamed_keyword("prepare_run", "base", "base_from", base, base_from, "auto")
     rd = RunDir(run_dir)
     rank, world, device = distributed_setup(device)
     if rank == 0: check_run_dir(rd.path, config, resume_without_log)
@@ -599,14 +607,14 @@ def prepare_run(run_dir: Path,                     # the run directory (made if 
     except ValueError as e: raise RunInputError(f"task {config.task.name}: {e}") from None
     check_sequence_lengths(config, train + held_out)  # before anything is written
     vocab = run_vocab(config)
-    try: source = base_source(rd.path, config, base)
+    try: shipped = base_source(rd.path, config, base_from)
     except ValueError as e: raise RunInputError(str(e)) from None
     if rank == 0:
         rd.path.mkdir(parents=True, exist_ok=True)
-        write_run_record(rd, config, world, task_class=_task_spec(config.task), base=source)
+        write_run_record(rd, config, world, task_class=_task_spec(config.task), shipped_base=shipped)
     for turn in (0, 1):  # rank 0 trains the base and estimates c_theta; then the others find them on disk
         if (rank == 0) == (turn == 0):
-            model = prepare_base(rd.path, vocab, train, config, device, progress and rank == 0, held_out, source["shipped"], on_base_step)
+            model = prepare_base(rd.path, vocab, train, config, device, progress and rank == 0, held_out, shipped, on_base_step)
             scale = prepare_reference_scale(rd.path, model, vocab, train, FrozenReference(model), config, device)
             if world > 1 and rank == 0: prepare_gate(rd.path, model, vocab, config, held_out, device)  # measured once, read by every process
         if turn == 0: barrier(world)
@@ -640,7 +648,7 @@ def load_run(run_dir: Path,          # a run directory the package wrote, on any
     device = resolve_device(device)
     use_numerics(config)
     vocab = run_vocab(config)
-    if (shipped := record.get("base", {}).get("shipped")) and rd.base.is_file(): verify_pretrained(check_pretrained(shipped), rd.path, files=("base.pt",))
+    if (shipped := recorded_shipped_base(record)) and rd.base.is_file(): verify_pretrained(check_pretrained(shipped), rd.path, files=("base.pt",))
     base = load_base(rd.path, vocab, config)
     if base is None: raise ValueError(f"{rd.base} is missing or was made for another configuration")
     if not rd.scale.exists(): raise ValueError(f"{rd.scale} is missing: the run stopped before estimating c_theta")

@@ -29,9 +29,9 @@ from .objective import loss_reference_weights
 from .model import TinyCausalLM, layout_tokens
 from .base import GATE_SAMPLES_PER_INPUT, response_budget
 from .pretrained import file_sha256
-from .runs import Run, RunDir, atomic_torch_save, atomic_write_json, base_source, exclusive_run_dir, load_checkpoint, load_trained_state, prepare_run, read_json, read_log, run_vocab, trained_state, truncate_log
+from .runs import Run, RunDir, atomic_torch_save, atomic_write_json, base_source, exclusive_run_dir, load_checkpoint, load_trained_state, prepare_run, read_json, read_log, recorded_shipped_base, run_vocab, trained_state, truncate_log
 from .machine import barrier, environment_record, gather_floats, shard_indices, torchrun_place, use_numerics
-from .config import RunConfig, TrainConfig
+from .config import RunConfig, TrainConfig, renamed_keyword
 from .tasks import batch_indices, break_even_beta
 
 # %% auto #0
@@ -411,7 +411,7 @@ STEP_OVER_PASS = 1.3  # a CVAE step over one forward-backward pass of its rows (
 
 def run_plan(run_dir: Path,        # the run directory (it may hold part of the run)
              config: RunConfig,
-             base: str = "auto",   # as `prepare_run` takes it
+             base_from: str = "auto",  # as `prepare_run` takes it
              device="cpu",
              metrics: bool = True, # the run ends with its metrics
             ) -> list[dict]:       # one row per phase: phase, what, seconds (estimated on this machine)
@@ -422,7 +422,7 @@ def run_plan(run_dir: Path,        # the run directory (it may hold part of the 
     rows = K + (config.cvae.latent == "continuous" or config.cvae.posterior != "exact")  # generator rows per example, and the posterior's
     step = STEP_OVER_PASS * matmul_seconds(config, tc.batch_size * rows, device)
     forward = step / (3 * tc.batch_size * rows)  # a forward pass over one sequence
-    shipped = base_source(rd.path, config, base)["shipped"]
+    shipped = base_source(rd.path, config, base_from)
     budget = response_budget(config.task.generate(16, 0))
     plan = []
     if rd.base.is_file(): plan.append({"phase": "base", "what": f"in the run directory ({shipped or 'trained here'})", "seconds": 0.0})
@@ -533,7 +533,7 @@ def run_metrics(run: Run,             # a trained run
     evals = {r["step"]: r["kl"] for r in log}  # how fast z escaped: held-out rate over training
     rate_at = lambda step: next((evals[k] for k in sorted(evals, reverse=True) if k <= step), None)  # the last held-out rate by `step`
     third = max(cfg.train.steps // 3, 1)
-    shipped = read_json(run.dir.config).get("base", {}).get("shipped")
+    shipped = recorded_shipped_base(read_json(run.dir.config))
     record = {"task": cfg.task.name, "objective": cfg.objective, "seed": cfg.seed, "beta_effective": beta,
               "base_name": shipped or "trained", "base_sha256": file_sha256(run.dir.base),  # which base: shipped (its name), or trained from its recipe
               "c_model": scales["model"]["value"], "c_data": scales["data"]["value"],
@@ -570,31 +570,33 @@ def run(run_dir: Path,                     # the run directory (made if absent; 
         shared_prefix: bool = False,       # a discrete CVAE computes its prompt once for all codes
         metrics: bool = False,             # write `run_metrics` to metrics.json once the run is complete
         tensorboard: str | None = None,    # also write the log's records as TensorBoard events in <this>/<the run directory's name>
-        base: str = "auto",                # 'auto' (the shipped base of the recipe, else trained here), 'train', or a shipped base's name
+        base_from: str = "auto",           # 'auto' (the shipped base of the recipe, else trained here), 'train', or a shipped base's name
+        base: str | None = None,           # deprecated: `base_from`
        ) -> dict:                          # the final held-out terms (also in eval.json)
     "A complete run of the task's small transformer in `run_dir`, on one process or each of torchrun's; rank 0 holds the directory (`exclusive_run_dir`) from before its first write to the last. A `metrics.json` already written (by this call's earlier run, or a sweep's record of the cell) is kept."
+    base_from = renamed_keyword("run", "base", "base_from", base, base_from, "auto")
     rank, world = torchrun_place()
     with exclusive_run_dir(run_dir) if rank == 0 else contextlib.nullcontext():
-        final = _run(run_dir, config, device, progress and rank == 0, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard, base)
+        final = _run(run_dir, config, device, progress and rank == 0, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard, base_from)
     barrier(world)  # every process returns once rank 0 has written metrics.json: one that tears its process group down first can abort gloo's teardown
     return final
 
 # %% ../nbs/10_train.ipynb #8ca0c64b
-def _run(run_dir, config, device, progress, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard=None, base="auto") -> dict:
+def _run(run_dir, config, device, progress, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard=None, base_from="auto") -> dict:
     bar = None
     if progress:  # the plan first, then one bar for the whole run
         import sys
         from basedirected.machine import resolve_device
-        plan = run_plan(run_dir, config, base, resolve_device(device), metrics)
+        plan = run_plan(run_dir, config, base_from, resolve_device(device), metrics)
         print(f"{Path(run_dir)}: {config.task.name}, objective {config.objective}, seed {config.seed}\n" + plan_text(plan), file=sys.stderr, flush=True)
         bar = RunBar(plan)
-    try: return _stages(run_dir, config, device, bar, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard, base)
+    try: return _stages(run_dir, config, device, bar, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard, base_from)
     finally:
         if bar is not None: bar.close()
 
-def _stages(run_dir, config, device, bar, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard, base) -> dict:
+def _stages(run_dir, config, device, bar, stop_after, resume_without_log, require_gate, compile, shared_prefix, metrics, tensorboard, base_from) -> dict:
     on_base_step = None if bar is None else lambda step, model: bar.advance("base", step, config.base.steps)
-    r = prepare_run(run_dir, config, device, False, resume_without_log, base=base, on_base_step=on_base_step)
+    r = prepare_run(run_dir, config, device, False, resume_without_log, base_from=base_from, on_base_step=on_base_step)
     if bar is not None:
         for phase in ("base", "c_theta"): bar.finish(phase)
         bar.start("gate")

@@ -44,7 +44,7 @@ def _spec(name):
 
 
 def _prepare(name):  # in a worker process: the sweep's own preparation of a shared base, trained here
-    return prepare_shared_base(ROOT / "runs" / "ship-bases", _spec(name), "cpu", base="train")
+    return prepare_shared_base(ROOT / "runs" / "ship-bases", _spec(name), "cpu", base_from="train")
 
 
 def train(names, jobs=2):

@@ -36,7 +36,7 @@ def test_the_default_run_adapts_from_the_shipped_sorting_base_and_records_it(tmp
     run = prepare_run(tmp_path / "run", cfg, device="cpu")
     rd = RunDir(tmp_path / "run")
     assert all((rd.path / f).read_bytes() == (catalogue()["sorting-s0"].path / f).read_bytes() for f in BASE_FILES)  # installed, not trained
-    assert json.loads(rd.config.read_text())["base"] == {"shipped": "sorting-s0"} and not rd.base_checkpoint.exists()
+    assert json.loads(rd.config.read_text())["shipped_base"] == "sorting-s0" and not rd.base_checkpoint.exists()
     assert run.c_ref == json.loads((rd.path / "reference_scale.json").read_text())["model"]["value"]
 
 
@@ -58,7 +58,7 @@ def test_train_base_trains_its_own_and_refuses_a_directory_holding_a_shipped_one
     own = tmp_path / "own"  # a base trained here: a small recipe, so that the test is quick
     assert train_main(["--run-dir", str(own), *tiny, "--train-base", "--base-steps", "30", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
                        "--n-train", "300", "--c-samples", "16", "--allow-failed-base"]) == 0
-    assert json.loads((own / "config.json").read_text())["base"] == {"shipped": None} and (own / "base.pt").read_bytes() != (tmp_path / "shipped" / "base.pt").read_bytes()
+    assert json.loads((own / "config.json").read_text())["shipped_base"] is None and (own / "base.pt").read_bytes() != (tmp_path / "shipped" / "base.pt").read_bytes()
 
 
 def test_base_by_name_brings_its_recipe_and_refuses_another(capsys):
@@ -104,3 +104,28 @@ def test_a_quick_cell_rerun_on_the_references_cpu_type_equals_the_reference(tmp_
     shared = (set(mine) & set(theirs)) - {"seconds", "git_revision", "git_dirty"}
     assert {k: mine[k] for k in shared} == {k: theirs[k] for k in shared}  # every column both have but time and provenance (this tree's revision)
     assert set(theirs) <= set(mine) and set(mine) - set(theirs) <= {"git_revision", "git_dirty", "cpu", "revealing_share", "settled_strict", "loss_fall_last", "gen_n_forced_inputs"}  # columns added since it was made
+
+
+def test_base_names_the_base_model_only_and_the_former_keywords_warn_for_a_release(tmp_path):
+    "'base' is the base model and its configuration (RunConfig.base); a shipped base by name is `shipped_base`, where a run's base comes from `base_from`."
+    with pytest.warns(DeprecationWarning, match=r"resolve_config\(base=...\) is now resolve_config\(shipped_base=...\)"):
+        old = resolve_config(base="sorting-s0")
+    assert old == resolve_config(shipped_base="sorting-s0")
+    with pytest.raises(ValueError, match="base= and shipped_base= are one setting"): resolve_config(base="sorting-s0", shipped_base="sorting-s1")
+    with pytest.warns(DeprecationWarning, match=r"prepare_run\(base=...\) is now prepare_run\(base_from=...\)"):
+        with pytest.raises(ValueError, match="no shipped base is named 'sorting-s9'"): prepare_run(tmp_path / "run", resolve_config(overrides=QUICK), device="cpu", base="sorting-s9")
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_a_run_recorded_before_shipped_base_had_its_name_resumes_loads_and_is_recorded_anew(tmp_path):
+    from basedirected.runs import recorded_shipped_base
+    cfg = resolve_config(overrides=QUICK)
+    rd = RunDir(tmp_path / "run")
+    prepare_run(rd.path, cfg, device="cpu")
+    record = json.loads(rd.config.read_text())
+    old = {"base" if k == "shipped_base" else k: {"shipped": v} if k == "shipped_base" else v for k, v in record.items()}  # the former record
+    rd.config.write_text(json.dumps(old))
+    assert recorded_shipped_base(old) == recorded_shipped_base(record) == "sorting-s0"
+    load_run(rd.path)  # the former record loads (its shipped base verified by checksum)
+    prepare_run(rd.path, cfg, device="cpu")  # and resumes
+    assert json.loads(rd.config.read_text())["shipped_base"] == "sorting-s0" and "base" not in json.loads(rd.config.read_text())
