@@ -182,6 +182,9 @@ def notebook_html(nb,                # a processed notebook (`process_notebook`)
     from traitlets.config import Config
     cfg = Config({"TagRemovePreprocessor": {"enabled": True, "remove_input_tags": ["remove_input"]}})
     exporter = HTMLExporter(template_name="lab", mathjax_url=mathjax_url, exclude_input_prompt=True, exclude_output_prompt=True, config=cfg)
+    # the pages are the package's own notebooks: the template's bleach pass over every highlighted code cell changes nothing in them
+    # (the same HTML, byte for byte) and took half of each page's conversion
+    exporter.register_filter("clean_html", lambda element: element.decode() if isinstance(element, bytes) else str(element))
     body, _ = exporter.from_notebook_node(node)
     body, n = re.subn(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->", lambda m: mathjax_block(mathjax_url), body, count=1, flags=re.S)
     if n != 1: raise RuntimeError("nbconvert's template has no MathJax block to replace: notebook_html needs updating")
@@ -195,13 +198,14 @@ def notebook_html(nb,                # a processed notebook (`process_notebook`)
 _SEARCH_BOX = ('<input id="bd-search" type="search" placeholder="Search the docs" aria-label="Search the documentation" autocomplete="off">'
                '<div id="bd-results" hidden></div>')
 
-SECTIONS = (("The method", ("00", "01", "02", "03", "04")), ("Tasks", ("05",)), ("Machinery", ("06", "07", "08", "09", "10", "11", "12")),
-            ("Studies", ("13",)), ("Building and developing", ("14", "15")))  # the sidebar's sections, by the number a page's name starts with
+SECTIONS = (("The method", ("00", "01", "02", "03", "04")), ("Tasks", ("05",)), ("Model and measures", ("06", "07", "08_", "08a")),
+            ("Running and reporting", ("08b", "09", "10", "11", "12")), ("Studies", ("13",)),
+            ("Building and developing", ("14", "15")))  # the sidebar's sections, by how a page's name starts (its reading-order number)
 
 def page_section(name: str,  # a page's file name ('04_objective.html')
                 ) -> str | None:  # its section's title; None for the index and an unnumbered page
     "The sidebar section a page belongs to, by its reading-order number."
-    return next((title for title, numbers in SECTIONS if name[:2] in numbers), None)
+    return next((title for title, starts in SECTIONS if name.startswith(starts)), None)
 
 def _decorate(body: str, title: str, nav: list[tuple[str, str]], current: str) -> str:
     links, section = "", None

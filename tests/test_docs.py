@@ -177,12 +177,12 @@ def test_screenshot_of_the_objective_page(site, browser, tmp_path):
 
 
 def test_the_sidebar_is_in_sections_and_the_readme_reaches_the_objectives_code_in_one_click(site, browser):
-    "The method, tasks, machinery and studies as sections of the sidebar; the README's first links are the method's, one of them J_theta's code."
+    "The method, tasks, the model and its measures, running and reporting, and studies as sections of the sidebar; the README's first links are the method's, one of them J_theta's code."
     from selenium.webdriver.common.by import By
     out, pages, base = site
     _load(browser, urljoin(base, "index.html"))
     headings = [e.text.strip().lower() for e in browser.find_elements(By.CSS_SELECTOR, "#bd-nav .bd-section")]
-    assert headings == ["the method", "tasks", "machinery", "studies", "building and developing"], headings
+    assert headings == ["the method", "tasks", "model and measures", "running and reporting", "studies", "building and developing"], headings
     readme = (ROOT / "README.md").read_text()
     links = re.findall(r"\]\((nbs/[^)#]+)", readme)
     assert links.index("nbs/04_objective.ipynb") < min(i for i, l in enumerate(links) if l.startswith("nbs/13")), links  # the method before any result
