@@ -79,6 +79,18 @@ def entry(tmp_path_factory):
     return p
 
 
+@pytest.fixture(scope="module")
+def straight(entry, tmp_path_factory):
+    "The uninterrupted run of the default tiny configuration under a stepper, trained once per module and only read: what the resumed runs must equal."
+    done = {}
+    def run(stepper):
+        if stepper not in done:
+            done[stepper] = tmp_path_factory.mktemp(f"straight-{stepper}") / "run"
+            train(entry, stepper, done[stepper])
+        return done[stepper]
+    return run
+
+
 def _free_port():
     with socket.socket() as s: s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
 
@@ -172,35 +184,33 @@ def test_a_nan_step_is_skipped_and_never_reaches_the_weights_or_the_log(entry, t
 
 
 @pytest.mark.parametrize("stepper", STEPPERS)
-def test_a_torn_log_line_is_dropped_on_resume(entry, tmp_path, stepper):
+def test_a_torn_log_line_is_dropped_on_resume(entry, tmp_path, stepper, straight):
     train(entry, stepper, tmp_path / "torn", "--stop-after", "5")
     for d in dirs(stepper, tmp_path / "torn"):  # killed while writing step 6's line, after step 5's line (past the checkpoint)
         with open(d / "log.jsonl", "a") as f: f.write('{"step": 6, "split": "tr')
     train(entry, stepper, tmp_path / "torn")
-    train(entry, stepper, tmp_path / "straight")
-    for a, b in zip(dirs(stepper, tmp_path / "torn"), dirs(stepper, tmp_path / "straight")): same_runs(a, b)
+    for a, b in zip(dirs(stepper, tmp_path / "torn"), dirs(stepper, straight(stepper))): same_runs(a, b)
 
 
 @pytest.mark.parametrize("stepper", STEPPERS)
-def test_a_resume_under_another_configuration_is_refused_and_force_starts_over(entry, tmp_path, stepper):
-    train(entry, stepper, tmp_path / "run", "--stop-after", "4")
+def test_a_resume_under_another_configuration_is_refused_and_force_starts_over(entry, tmp_path, stepper, straight):
+    train(entry, stepper, tmp_path / "run", "--lr", "3e-3", "--stop-after", "4")
     for d in dirs(stepper, tmp_path / "run"): (d / "notes.txt").write_text("a user's file")
-    p = train(entry, stepper, tmp_path / "run", "--lr", "3e-3", check=False)
+    p = train(entry, stepper, tmp_path / "run", check=False)  # the default learning rate: another configuration
     assert p.returncode != 0 and "different configuration" in p.stderr, p.stderr[-2000:]
     assert all(torch.load(d / "checkpoint.pt", weights_only=True)["step"] == 4 for d in dirs(stepper, tmp_path / "run"))  # untouched
-    train(entry, stepper, tmp_path / "run", "--lr", "3e-3", "--force")
-    train(entry, stepper, tmp_path / "fresh", "--lr", "3e-3")
-    for a, b in zip(dirs(stepper, tmp_path / "run"), dirs(stepper, tmp_path / "fresh")):
+    train(entry, stepper, tmp_path / "run", "--force")
+    for a, b in zip(dirs(stepper, tmp_path / "run"), dirs(stepper, straight(stepper))):
         same_runs(a, b)
         assert (a / "notes.txt").read_text() == "a user's file"  # --force deletes only what the package wrote
 
 
-def test_two_processes_follow_the_one_process_run_and_resume_on_one(entry, tmp_path):
-    train(entry, "one", tmp_path / "one")
+def test_two_processes_follow_the_one_process_run_and_resume_on_one(entry, tmp_path, straight):
+    one = straight("one")
     train(entry, "sharded", tmp_path / "two", "--stop-after", "4")
     assert json.loads((tmp_path / "two" / "config.json").read_text())["environment"]["world_size"] == 2
     train(entry, "one", tmp_path / "two")  # resumed on one process
     losses = lambda d: torch.tensor([r["loss"] for r in read_log(d / "log.jsonl") if r["split"] == "train"])
     # the all-reduce sums the two halves' gradients in another order than one process does: round-off, not a different run
-    torch.testing.assert_close(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(losses(tmp_path / "two"), losses(one), rtol=1e-5, atol=1e-7)
     assert [r["step"] for r in read_log(tmp_path / "two" / "log.jsonl") if r["split"] == "train"] == list(range(1, 9))  # one writer
