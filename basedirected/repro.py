@@ -135,7 +135,7 @@ def repro_parser() -> OneLineParser:
                       description=textwrap.fill("Reproduce the synthetic-sequence experiments: base pre-training, c_theta, every objective "
                                                 "of the preset, metrics, tables and figures.", 100),
                       epilog="presets:\n" + "\n".join(textwrap.fill(preset_help(n), 100, initial_indent="  ", subsequent_indent="      ") for n in PRESETS))
-    p.add_argument("--preset", choices=tuple(PRESETS), default=None, help="the sweep to run, one of the presets listed below (default: rescaling)")
+    p.add_argument("--preset", choices=tuple(PRESETS), default=None, help="the sweep to run, one of the presets listed below (default: rescaling-one-seed)")
     p.add_argument("--out", default=None, help="output directory (default runs/repro-<preset>)")
     p.add_argument("--collect", action="store_true", help="train nothing: build the tables and figures of the sweep in --out from the cells "
                    "that have finished (its preset is read from OUT/preset.json), and name the cells that are missing")
@@ -196,7 +196,7 @@ def _checked_args(p: argparse.ArgumentParser, a: argparse.Namespace,  # `repro_p
         try: recorded = read_json(SweepDir(a.out).preset).get("preset", {}).get("name")
         except ValueError as e: p.error(str(e))
         if recorded != a.preset: p.error(f"--preset {a.preset}: the sweep in {a.out} was made with preset {recorded} (--collect reads it from preset.json; drop --preset)")
-    a.preset = a.preset or "rescaling"
+    a.preset = a.preset or "rescaling-one-seed"
     if a.out is not None and not a.out.strip(): p.error("--out must name a directory, got an empty string")
     try: cluster = dataclass_from_args(ClusterConfig, a)
     except ValueError as e: p.error(str(e))

@@ -284,12 +284,14 @@ def test_the_readmes_answer_is_short_and_every_figure_in_it_is_the_files():
     assert (round(100 * min(r["gen_answer_rate"] for r in dose), 1), round(100 * max(r["gen_answer_rate"] for r in dose), 1)) == (0.0, 2.7) and "answers right on 0–2.7 %" in text
     forms4 = [r["c_model"] for r in read_records(ROOT / "reference" / "entropy") if int(r.get("surface_forms") or 1) == 4]
     assert f"{sum(forms4) / len(forms4):.2f}" == "1.33" and "(1.33 nats per token)" in text
-    resc = read_records(ROOT / "reference" / "rescaling")
-    headline = headline_text(resc)
+    from basedirected.repro import repro_parser
+    main = ROOT / "reference" / "rescaling-one-seed"  # the main job's reference run: the default preset's
+    assert f"`{main.name}` (default)" in readme and f"(default: {main.name})" in repro_parser().format_help().replace("\n", " ").replace("  ", " ")
+    headline = headline_text(read_records(main))
     assert headline.count("Headline:") == 1 and "resolved." in headline and f"> {headline}" in readme
-    summary = json.loads((ROOT / "reference" / "rescaling" / "summary.json").read_text())
-    assert summary["missing"] == [] and f"({summary['runs']} runs in {_reference_minutes('rescaling'):.1f} minutes on a 2-core CPU" in " ".join(readme.split())
-    assert "![The main job's answer" in answer and (ROOT / "reference" / "rescaling" / "figures" / "answer.png").is_file()
+    summary = json.loads((main / "summary.json").read_text())
+    assert summary["missing"] == [] and f"({summary['runs']} runs in {_reference_minutes(main.name):.1f} minutes on a 2-core CPU" in " ".join(readme.split())
+    assert f"![The main job's answer: each run's controlled alignment, and each pair's difference with its interval](reference/{main.name}/figures/answer.png)" in answer
 
 
 def test_the_readme_is_a_newcomers_page():
@@ -306,7 +308,7 @@ def test_the_readmes_figures_are_the_reference_files():
     "Each time and interval the README quotes is read from the file it comes from."
     import json
     text = _readme_and_answer_in_full()
-    for preset, shown in (("rescaling", "7.4 min"), ("quick", "3.2 min"), ("study", "53.5 min"), ("followup", "88.8 min, three invocations"), ("addition", "93.4 min"),
+    for preset, shown in (("rescaling-one-seed", "3.4 min"), ("rescaling", "7.4 min"), ("quick", "3.2 min"), ("study", "53.5 min"), ("followup", "88.8 min, three invocations"), ("addition", "93.4 min"),
                           ("settled", "261.2 min, three invocations: 94 of 112 cells"), ("settled-2", "100.3 min")):
         assert f"{_reference_minutes(preset):.1f} min" in shown and shown in text, (preset, _reference_minutes(preset))
     settled = json.loads((ROOT / "reference" / "settled" / "summary.json").read_text())
@@ -540,3 +542,24 @@ def test_every_rank_test_and_barrier_outside_the_steppers_is_one_the_guide_names
     guide = " ".join("".join(c["source"]) for c in json.loads((ROOT / "nbs" / "15_guide.ipynb").read_text())["cells"])
     section = guide[guide.index("**Processes outside the stepper.**"):]
     assert all(f"`{function}`" in section[:1500] for _, function in named)
+
+
+def test_the_main_jobs_reference_run_of_one_seed_says_what_its_files_hold():
+    "reference/rescaling-one-seed/README.md: each prediction's outcome, from the files; its cells are the rescaling collection's seed-0 cells, equal bit for bit."
+    import json
+    from basedirected.collection import read_records
+    from basedirected.reports import base_contrasts, success_counts
+    ref = ROOT / "reference" / "rescaling-one-seed"
+    text = " ".join((ref / "README.md").read_text().split())
+    metric = "gen_alignment_controlled_all_excess"
+    new, twelve = read_records(ref), {r["key"]: r for r in read_records(ROOT / "reference" / "rescaling")}
+    assert len(new) == 6 and all(r["settled"] for r in new) and f"6 runs in {_reference_minutes(ref.name):.1f} minutes" in text
+    assert "AMD EPYC" in json.loads((ref / "summary.json").read_text())["cpus"][0] and "AMD EPYC" in json.loads((ROOT / "reference" / "rescaling" / "summary.json").read_text())["cpus"][0]
+    numbers = lambda r: {k: v for k, v in r.items() if isinstance(v, float) and k != "seconds"}
+    assert all(numbers(r) == numbers(twelve[r["key"]]) for r in new) and "every metric of all 6 cells equal to the rescaling collection's" in text
+    (c,) = base_contrasts(new, (metric,))
+    fmt = lambda v: f"{v:+.3f}".replace("-", "−")
+    assert c["lo"] > 0 and f"{fmt(c['mean'])} [{fmt(c['lo'])}, {fmt(c['hi'])}] over the 3 bases (3 pairs" in text and "+0.566 [+0.490, +0.642]" in text
+    assert not 3.5 <= _reference_minutes(ref.name) <= 4.5 and "missed, faster than predicted" in text
+    wins = {s["objective"]: round(s["success"] * s["success_n"]) for s in success_counts(new)}
+    assert wins == {"dist": 3, "celbo": 0} and "`dist` names the strategy on 3 of 3 runs" in text and "the cELBO on 0 of 3" in text
