@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
+import json
 import os
 import shutil
 import sys
@@ -36,7 +38,7 @@ from .machine import barrier, distributed_setup, gather_floats, torchrun_place
 from .config import OPTIMIZERS, AdaptConfig, HFRunConfig
 from .surprisal import ReferenceScale, estimate_reference_scale
 from .tasks import Example, make_task
-from .train import check_batch_split, complete, fit, plan_text
+from .train import check_batch_split, complete, fit, plan_text, run_record
 
 # %% auto #0
 __all__ = ['MOVED_TO_BACKBONE', 'HARMLESS_LIBRARY_WARNINGS', 'WEIGHT_FILES', 'LOADER', 'build_hf_cvae', 'hf_reference',
@@ -385,7 +387,7 @@ def hf_run(run_dir,                            # the run directory (made if abse
 def hf_run_metrics(run: Run,    # a trained run on a Hugging Face backbone
                    final: dict,  # its final held-out terms
                   ) -> dict:     # the metrics of `hf_metrics` (and the generations' where the run names its task)
-    "The backbone's metrics hook (`Run.metrics_hook`): what `complete` writes to `metrics.json` for a run on a Hugging Face backbone."
+    "The backbone's metrics hook (`Run.metrics_hook`): what `complete` writes to `metrics.json` for a run on a Hugging Face backbone, under the small transformer's names where a figure is the same (`run_record`)."
     config = run.config
     beta = run.kl_weight(config.train.steps)
     m = hf_metrics(run.model, run.eval_rows, run.eval_cache, torch.tensor([e.strategy for e in run.held_out]), run.c_ref, config.loss, beta)
@@ -395,7 +397,13 @@ def hf_run_metrics(run: Run,    # a trained run on a Hugging Face backbone
         m.update({f"gen_{k}": v for k, v in hf_generation_metrics(run.model, run.vocab, run.held_out, records, make_task(config.task, config.regime),
                                                                    config.metrics.n_routed, config.metrics.n_forced, seed=config.seed).items()})
     m["eval_split"] = "eval_data" if config.eval_data or config.data is None else "train"
-    return m
+    name, sha = Path(config.backbone).name, None  # the backbone as it is: named by its directory, its weights not hashed
+    if config.fine_tune.steps:  # the fine-tuned base: its weights' sha256, recorded when it was saved
+        sums = read_json(run.dir.fine_tuned / "fine_tune.json")["sha256"]
+        name, sha = f"{name} fine-tuned", next(iter(sums.values())) if len(sums) == 1 else \
+            hashlib.sha256(json.dumps(sums, sort_keys=True).encode()).hexdigest()  # several weight files: the digest of their digests
+    gate = read_json(run.dir.gate) if run.dir.gate.is_file() else None
+    return {**run_record(run, final, name, sha, config.seed, config.task, gate), "tau_effective": None, **m}  # no beta* on a backbone: tau is refused
 
 # %% ../nbs/10a_hf.ipynb #41ecd9f5
 def _export_refusal(rd: RunDir, out: Path, whole_model: bool) -> HFRunConfig:

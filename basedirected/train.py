@@ -37,7 +37,7 @@ from .tasks import batch_indices, break_even_beta
 # %% auto #0
 __all__ = ['STEP_OVER_PASS', 'PROVENANCE', 'evaluate', 'NonFiniteError', 'check_batch_split', 'train_step', 'Stepper', 'OneRun',
            'ShardedRun', 'TensorBoardSink', 'fit', 'matmul_seconds', 'run_plan', 'plan_text', 'RunBar', 'train_run',
-           'BaseGateError', 'gate_message', 'compile_cvae', 'run_metrics', 'complete', 'run']
+           'BaseGateError', 'gate_message', 'compile_cvae', 'run_record', 'run_metrics', 'complete', 'run']
 
 # %% ../nbs/10_train.ipynb #f9c72bad
 @torch.no_grad()
@@ -519,30 +519,40 @@ def _settling(evals: list[dict],  # the run's held-out evaluation records, in st
     return stopping_verdicts([(e["step"], e["kl"]) for e in evals], steps, alignment=[e.get("alignment_posterior") for e in evals], loss=[e.get("loss") for e in evals])
 
 # %% ../nbs/10_train.ipynb #e8235555
-def run_metrics(run: Run,             # a trained run
-                final: dict,          # its final held-out terms (`train_run`)
-               ) -> dict:
-    "Every metric of a trained run ([notebook 08](08_metrics.ipynb), with the generation sizes of `config.metrics`), the break-even $\\beta^\\star$, $\\widehat c_\\theta$, the base's gate and the final held-out terms: the record of `metrics.json`."
+def run_record(run: Run,                # a trained run, any backbone
+               final: dict,             # its final held-out terms
+               base_name: str,          # which base: a shipped base's name, 'trained' (from its recipe, here), or a backbone's
+               base_sha256: str | None, # the sha256 of the base's weights (None: not hashed)
+               base_seed: int,          # the seed of the base's data
+               task: str | None,        # the task's name (None: a run on exported data without one)
+               gate: dict | None,       # the base's quality gate (None: none was measured)
+              ) -> dict:
+    "What every run's `metrics.json` records whatever its backbone, under one set of names, so that the reports read runs of both backbones side by side: the run's coordinates, its base, $\\widehat c_\\theta$, the held-out rate at a third and two thirds of the run, both stopping rules, the base's gate and the final held-out terms."
     cfg = run.config
-    beta = run.kl_weight(cfg.train.steps)  # the final, effective KL weight
-    metrics = evaluate_model(run.model, run.held_out, run.eval_cache, run.task, cfg.metrics.n_routed, cfg.metrics.n_forced, seed=cfg.seed,
-                             c_ref=run.c_ref, loss=cfg.loss, beta=beta, reference=run.reference)
-    diag = break_even_beta(run.task, run.held_out, run.eval_cache, run.c_ref, cfg.loss)
     scales = read_json(run.dir.scale)
     log = [r for r in run.log() if r["split"] == "eval"]
     evals = {r["step"]: r["kl"] for r in log}  # how fast z escaped: held-out rate over training
     rate_at = lambda step: next((evals[k] for k in sorted(evals, reverse=True) if k <= step), None)  # the last held-out rate by `step`
     third = max(cfg.train.steps // 3, 1)
-    shipped = recorded_shipped_base(read_json(run.dir.config))
-    record = {"task": cfg.task.name, "objective": cfg.objective, "seed": cfg.seed, "beta_effective": beta,
-              "base_name": shipped or "trained", "base_sha256": file_sha256(run.dir.base),  # which base: shipped (its name), or trained from its recipe
-              "c_model": scales["model"]["value"], "c_data": scales["data"]["value"],
-              **diag, "tau_effective": beta / diag["beta_star"] if diag.get("beta_star") else None, "tau_target": cfg.train.tau, "base_seed": cfg.data_seed,
-              "rate_at_1_3": rate_at(third), "rate_at_2_3": rate_at(2 * third), **_settling(log, cfg.train.steps),
-              **{f"gate_{k}{s}": run.gate[k + s] for k in ("answer_only_accuracy", "valid_rate", "answer_accuracy") for s in ("", "_n", "_lo", "_hi")},
-              **{f"gate_{k}": run.gate[k] for k in ("strategy_gap", "surprisal_excess")},
-              "gate_passes": float(run.gate["passes"]), **{f"eval_{k}": v for k, v in final.items()}, **metrics}
-    return record
+    gates = {} if gate is None else {**{f"gate_{k}{s}": gate[k + s] for k in ("answer_only_accuracy", "valid_rate", "answer_accuracy") for s in ("", "_n", "_lo", "_hi")},
+                                     **{f"gate_{k}": gate[k] for k in ("strategy_gap", "surprisal_excess")}, "gate_passes": float(gate["passes"])}
+    return {"task": task, "objective": cfg.objective, "seed": cfg.seed, "beta_effective": run.kl_weight(cfg.train.steps),
+            "base_name": base_name, "base_sha256": base_sha256, "base_seed": base_seed,
+            "c_model": scales["model"]["value"] if "model" in scales else None, "c_data": scales["data"]["value"], "tau_target": cfg.train.tau,
+            "rate_at_1_3": rate_at(third), "rate_at_2_3": rate_at(2 * third), **_settling(log, cfg.train.steps), **gates, **{f"eval_{k}": v for k, v in final.items()}}
+
+def run_metrics(run: Run,             # a trained run
+                final: dict,          # its final held-out terms (`train_run`)
+               ) -> dict:
+    "Every metric of a trained run ([notebook 08](08_metrics.ipynb), with the generation sizes of `config.metrics`), the break-even $\\beta^\\star$ and what `run_record` records of every run: the record of `metrics.json`."
+    cfg = run.config
+    beta = run.kl_weight(cfg.train.steps)  # the final, effective KL weight
+    metrics = evaluate_model(run.model, run.held_out, run.eval_cache, run.task, cfg.metrics.n_routed, cfg.metrics.n_forced, seed=cfg.seed,
+                             c_ref=run.c_ref, loss=cfg.loss, beta=beta, reference=run.reference)
+    diag = break_even_beta(run.task, run.held_out, run.eval_cache, run.c_ref, cfg.loss)
+    shipped = recorded_shipped_base(read_json(run.dir.config))  # which base: shipped (its name), or trained from its recipe
+    return {**run_record(run, final, shipped or "trained", file_sha256(run.dir.base), cfg.data_seed, cfg.task.name, run.gate),
+            **diag, "tau_effective": beta / diag["beta_star"] if diag.get("beta_star") else None, **metrics}
 
 # %% ../nbs/10_train.ipynb #b91fee02
 PROVENANCE = ("git_revision", "git_dirty", "cpu")  # what made a record: the package's revision (and uncommitted changes), and the CPU model on whose kernels its figures are exact
