@@ -369,7 +369,7 @@ def run_data(rd: RunDir,             # the run's directory
     if config.data is not None: return Path(config.data), None if config.eval_data is None else Path(config.eval_data)
     if not (rd.train_data.is_file() and rd.eval_data.is_file()):  # drawn again identically if a kill came between the two writes
         task = make_task(config.task, config.regime)
-        train, held = make_splits(task, config.n_train, config.n_eval, config.seed)
+        train, held = make_splits(task, config.n_train, config.n_eval, config.data_seed)
         export_jsonl(task, held, rd.eval_data); export_jsonl(task, train, rd.train_data)
     return rd.train_data, rd.eval_data
 

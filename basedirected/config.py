@@ -286,7 +286,9 @@ class HFRunConfig:
     data: str | None = None                 # training JSONL: prompt, response, optional strategy and answer (None: the task's own examples,
                                             # drawn from seed and written into the run directory)
     eval_data: str | None = None            # held-out JSONL (None: the first n_eval training records; with the task's own data, unseen inputs)
-    seed: int = 0                           # seed of the code noise, the LoRA initialization, the batches and the c_theta samples
+    seed: int = 0                           # seed of the code noise, the LoRA initialization and the batches (and all else unless base_seed is set)
+    base_seed: int | None = None            # the task's examples, the base's fine-tuning, its gate and c_theta's samples (None: seed), so that
+                                            # several CVAE seeds can share one fine-tuned base
     adapt: AdaptConfig = AdaptConfig()
     cvae: CVAEConfig = CVAEConfig()
     objective: str = "theta"                # OBJECTIVE_NAMES, or 'custom'
@@ -317,6 +319,10 @@ class HFRunConfig:
         if self.data is None and self.eval_data is not None: raise ValueError("eval_data needs data: with the task's own examples the held-out split is drawn too")
         if self.fine_tune.steps and self.task is None: raise ValueError("fine_tune.steps needs a task: the fine-tuned base is gated by the task's checker")
         if self.n_train < 1: raise ValueError(f"n_train must be >= 1, got {self.n_train}")
+        if self.base_seed is not None and (type(self.base_seed) is not int or not 0 <= self.base_seed < 2**31):
+            raise ValueError(f"base_seed must be an integer in [0, 2**31), got {self.base_seed!r}")
+
+    data_seed = property(lambda self: self.seed if self.base_seed is None else self.base_seed)  # seeds the data, the fine-tuned base, its gate, c_theta
 
     def to_dict(self) -> dict: return {**asdict(self), "cvae": self.cvae.to_dict(), "train": self.train.to_dict()}
     @classmethod
@@ -644,7 +650,7 @@ _TINY, _HF, _RECIPE = ("tiny",), ("hf",), "default: the task's base_recipe, else
 RUN_OPTIONS: tuple[Option, ...] = (
     Option("--run-dir", None, "run", "directory for config, base model, c_theta, log, checkpoint, eval and metrics", default="runs/train"),
     Option("--seed", "seed", "run", maximum=SEED),
-    Option("--base-seed", "base_seed", "run", default=None, type=int, backbones=_TINY, maximum=SEED),
+    Option("--base-seed", "base_seed", "run", default=None, type=int, maximum=SEED),
     Option("--threads", "threads", "run", backbones=_TINY, maximum=THREADS),
     Option("--keep-subnormals", "flush_subnormals", "run", "keep subnormal floats instead of flushing them to zero (slower on a CPU, "
            "as every run was before flushing existed; results differ at round-off)", default=False, backbones=_TINY, negates=True),

@@ -144,7 +144,7 @@ def base_key(config: HFRunConfig) -> dict:
     "What a fine-tuned base is made from: the backbone, the fine-tuning recipe (with LoRA's adapters), the data and the seed."
     adapt = config.adapt.to_dict() if config.fine_tune.mode == "lora" else None
     return {"backbone": config.backbone, "fine_tune": config.fine_tune.to_dict(), "adapt": adapt, "data": config.data, "eval_data": config.eval_data,
-            "task": config.task, "regime": config.regime, "n_train": config.n_train, "n_eval": config.n_eval, "seed": config.seed}
+            "task": config.task, "regime": config.regime, "n_train": config.n_train, "n_eval": config.n_eval, "seed": config.data_seed}
 
 def prepare_fine_tuned_base(rd: RunDir,             # the run's directory
                             config: HFRunConfig,    # a run whose fine_tune.steps > 0
@@ -162,7 +162,7 @@ def prepare_fine_tuned_base(rd: RunDir,             # the run's directory
         state = load_checkpoint(rd.base_checkpoint) if rd.base_checkpoint.is_file() else None
         if state is not None and state.get("key") != key: state = None  # another recipe's: fine-tuned again from the start
         save = lambda s: atomic_torch_save(rd.base_checkpoint, {**s, "key": key})
-        lm, losses = fine_tune_base(lm, vocab, train, config.fine_tune, config.adapt, config.seed, device, progress, state, save)
+        lm, losses = fine_tune_base(lm, vocab, train, config.fine_tune, config.adapt, config.data_seed, device, progress, state, save)
         save_base(lm.cpu(), vocab, rd.fine_tuned, {"key": key, "final_loss": losses[-1], "losses": losses})
         rd.base_checkpoint.unlink(missing_ok=True)
     gate = _gate(rd, config, key, train_path, eval_path, device)
@@ -180,6 +180,6 @@ def _gate(rd: RunDir, config: HFRunConfig, key: dict, train_path: Path, eval_pat
     records = read_pairs(eval_path if eval_path is not None else train_path)[:config.n_eval]
     held, _ = pairs_to_examples(vocab, records, task.strategies)
     cache = PairSurprisalCache(HFReference(base), EncodedPairs(vocab, held, device))
-    gate = {**fine_tuned_base_gate(base, vocab, task, held, task_examples(task, records), cache, seed=config.seed, device=device), "base": key}
+    gate = {**fine_tuned_base_gate(base, vocab, task, held, task_examples(task, records), cache, seed=config.data_seed, device=device), "base": key}
     atomic_write_json(rd.gate, gate)
     return gate

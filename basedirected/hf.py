@@ -122,16 +122,16 @@ def hf_reference_scale(reference: HFReference,     # the frozen base
                        vocab: HFVocab,
                        examples: list[Example],    # the training split (its prompts)
                        cache: SurprisalCache,      # its b_t (the data estimate)
-                       config: HFRunConfig,        # c_source, c_samples and the seed
+                       config: HFRunConfig,        # c_source, c_samples and the data seed
                        rank: int = 0, world: int = 1,  # this process among torchrun's
                        device="cpu") -> ReferenceScale:
     "$\\widehat c_\\theta$: responses sampled from the reference in the null layout (`model`), or the data's $b_\\theta$ (`data`); pooled over processes."
     if config.c_source == "data": return estimate_reference_scale(cache.base_means(), "data")
-    pick = torch.randint(0, len(examples), (config.c_samples,), generator=torch.Generator().manual_seed(config.seed))
+    pick = torch.randint(0, len(examples), (config.c_samples,), generator=torch.Generator().manual_seed(config.data_seed))  # the base's: its CVAE seeds share it
     mine = pick[rank::world].tolist()  # each process samples its share, with its own seed
     with reference.active():
         _, surprisals, _ = sample_responses(reference.model, vocab, [examples[i].x for i in mine], max_len=response_budget(examples),
-                                            seed=config.seed * 1_000 + rank, codes=["<znull>"] * len(mine), device=device)
+                                            seed=config.data_seed * 1_000 + rank, codes=["<znull>"] * len(mine), device=device)
     means = [sum(s) / len(s) for s in surprisals]
     sizes = gather_floats([len(means)], world, device)
     width = int(max(s[0] for s in sizes))
@@ -212,7 +212,7 @@ def check_hf_inputs(config: HFRunConfig,
         raise ValueError(f"--backbone {config.backbone} is not a directory holding a saved model (config.json)")
     if config.data is None:  # the task's own examples: a sample of them stands for the data it will draw
         task = make_task(config.task, config.regime)
-        records = task_records(task, task.generate(min(config.n_train, 256), config.seed))
+        records = task_records(task, task.generate(min(config.n_train, 256), config.data_seed))
         held = records
         if config.train.batch_size > config.n_train: raise ValueError(f"--batch-size {config.train.batch_size} is larger than --n-train {config.n_train}")
     else:
@@ -341,7 +341,7 @@ def hf_run_plan(run_dir,               # the run directory (it may hold part of 
     plan = []
     if config.data is None:
         plan.append({"phase": "data", "what": "the task's examples, in the run directory" if rd.train_data.is_file() and rd.eval_data.is_file() else
-                     f"{config.n_train:,} training and {config.n_eval:,} held-out examples of {config.task} drawn from seed {config.seed} into the run directory", "seconds": 0.0})
+                     f"{config.n_train:,} training and {config.n_eval:,} held-out examples of {config.task} drawn from seed {config.data_seed} into the run directory", "seconds": 0.0})
     if ft.steps:
         if (rd.fine_tuned / "fine_tune.json").is_file(): plan.append({"phase": "fine_tune", "what": "the fine-tuned base, in the run directory (its sha256 checked as it loads)", "seconds": 0.0})
         else:
@@ -403,7 +403,7 @@ def hf_run_metrics(run: Run,    # a trained run on a Hugging Face backbone
         name, sha = f"{name} fine-tuned", next(iter(sums.values())) if len(sums) == 1 else \
             hashlib.sha256(json.dumps(sums, sort_keys=True).encode()).hexdigest()  # several weight files: the digest of their digests
     gate = read_json(run.dir.gate) if run.dir.gate.is_file() else None
-    return {**run_record(run, final, name, sha, config.seed, config.task, gate), "tau_effective": None, **m}  # no beta* on a backbone: tau is refused
+    return {**run_record(run, final, name, sha, config.data_seed, config.task, gate), "tau_effective": None, **m}  # no beta* on a backbone: tau is refused
 
 # %% ../nbs/10a_hf.ipynb #41ecd9f5
 def _export_refusal(rd: RunDir, out: Path, whole_model: bool) -> HFRunConfig:
