@@ -36,13 +36,13 @@ __all__ = ['LR_SCHEDULES', 'MAX_KL_WEIGHT', 'KL_WEIGHT_WHY', 'ADAPT_MODES', 'OPT
            'SCALE', 'SEED', 'LEARNING_RATE', 'KL_WEIGHT', 'TERM_WEIGHT', 'GAMMA', 'CODE_NOISE', 'CODES', 'NATS',
            'BACKBONES', 'RUN_OPTIONS', 'TASK_OPTIONS', 'HF_OPTIONS', 'OBJECTIVE_OPTIONS', 'TRAINING_OPTIONS', 'OPTIONS',
            'WITHOUT_EFFECT', 'TrainConfig', 'objective_mismatch', 'check_objective_name', 'MetricsConfig',
-           'check_run_config', 'RunConfig', 'AdaptConfig', 'FineTuneConfig', 'HFRunConfig', 'rename_fields',
-           'apply_overrides', 'recipe_overrides', 'objective_training', 'renamed_keyword', 'pretrained_overrides',
-           'default_changes', 'check_overrides', 'resolve_config', 'resolve_hf_config', 'field_comments',
-           'add_dataclass_options', 'dataclass_from_args', 'Ceiling', 'Coordinate', 'Option', 'option_ceiling',
-           'check_option_value', 'option_help', 'OneLineParser', 'build_parser', 'coordinates', 'coordinate_name',
-           'coordinate_key', 'coordinate_record', 'coordinate_label', 'task_coordinates', 'refuse_without_effect',
-           'base_choice', 'config_from_args', 'hf_config_from_args', 'command_argv']
+           'check_run_config', 'RunConfig', 'AdaptConfig', 'FineTuneConfig', 'check_hf_run_config', 'HFRunConfig',
+           'rename_fields', 'apply_overrides', 'recipe_overrides', 'objective_training', 'renamed_keyword',
+           'pretrained_overrides', 'default_changes', 'check_overrides', 'resolve_config', 'resolve_hf_config',
+           'field_comments', 'add_dataclass_options', 'dataclass_from_args', 'Ceiling', 'Coordinate', 'Option',
+           'option_ceiling', 'check_option_value', 'option_help', 'OneLineParser', 'build_parser', 'coordinates',
+           'coordinate_name', 'coordinate_key', 'coordinate_record', 'coordinate_label', 'task_coordinates',
+           'refuse_without_effect', 'base_choice', 'config_from_args', 'hf_config_from_args', 'command_argv']
 
 # %% ../nbs/09_config.ipynb #5b8a5de2
 LR_SCHEDULES = ("constant", "cosine")  # after the warm-up: a flat rate, or cosine decay to lr_min_ratio * lr
@@ -278,6 +278,26 @@ class FineTuneConfig:
     def to_dict(self): return asdict(self)
 
 
+# %% ../nbs/09_config.ipynb #dd8889c2
+def check_hf_run_config(c):  # the HFRunConfig being built (its class is defined below, in the cell that calls this)
+    "Refuse (`ValueError` naming the field) an `HFRunConfig` that cannot run: an unknown objective, optimizer or c_theta source, a continuous latent, sizes, seeds, and fields that contradict each other."
+    if c.objective not in OBJECTIVE_NAMES + ("custom",): raise ValueError(f"objective must be one of {', '.join(OBJECTIVE_NAMES)} or custom, got {c.objective!r}")
+    check_objective_name(c.objective, c.loss, c.train)
+    if c.optimizer not in OPTIMIZERS: raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {c.optimizer!r}")
+    if c.c_source not in ("model", "data"): raise ValueError(f"c_source must be 'model' or 'data', got {c.c_source!r}")
+    if c.cvae.latent != "discrete": raise ValueError("latent must be 'discrete' on a Hugging Face backbone")
+    for name in ("c_samples", "n_eval"):
+        if getattr(c, name) < 2: raise ValueError(f"{name} must be >= 2, got {getattr(c, name)}")
+    if c.task is not None: task_class(c.task, imports=False)  # registered, or module:Class already imported: a record never imports code
+    if c.regime is not None and c.task is None: raise ValueError("regime needs a task")
+    if c.train.tau is not None: raise ValueError("tau needs a synthetic task's break-even beta*; give beta on a Hugging Face backbone")
+    if c.data is None and c.task is None: raise ValueError("data is None: the task's own examples are drawn, and no task is given (give data or task)")
+    if c.data is None and c.eval_data is not None: raise ValueError("eval_data needs data: with the task's own examples the held-out split is drawn too")
+    if c.fine_tune.steps and c.task is None: raise ValueError("fine_tune.steps needs a task: the fine-tuned base is gated by the task's checker")
+    if c.n_train < 1: raise ValueError(f"n_train must be >= 1, got {c.n_train}")
+    if c.base_seed is not None and (type(c.base_seed) is not int or not 0 <= c.base_seed < 2**31):
+        raise ValueError(f"base_seed must be an integer in [0, 2**31), got {c.base_seed!r}")
+
 # %% ../nbs/09_config.ipynb #45c1a6f0
 @dataclass(frozen=True)
 class HFRunConfig:
@@ -305,22 +325,7 @@ class HFRunConfig:
     fine_tune: FineTuneConfig = FineTuneConfig()  # the base: the backbone fine-tuned on the training split, then gated (steps 0: the backbone itself)
 
     def __post_init__(self):
-        if self.objective not in OBJECTIVE_NAMES + ("custom",): raise ValueError(f"objective must be one of {', '.join(OBJECTIVE_NAMES)} or custom, got {self.objective!r}")
-        check_objective_name(self.objective, self.loss, self.train)
-        if self.optimizer not in OPTIMIZERS: raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
-        if self.c_source not in ("model", "data"): raise ValueError(f"c_source must be 'model' or 'data', got {self.c_source!r}")
-        if self.cvae.latent != "discrete": raise ValueError("latent must be 'discrete' on a Hugging Face backbone")
-        for name in ("c_samples", "n_eval"):
-            if getattr(self, name) < 2: raise ValueError(f"{name} must be >= 2, got {getattr(self, name)}")
-        if self.task is not None: task_class(self.task, imports=False)  # registered, or module:Class already imported: a record never imports code
-        if self.regime is not None and self.task is None: raise ValueError("regime needs a task")
-        if self.train.tau is not None: raise ValueError("tau needs a synthetic task's break-even beta*; give beta on a Hugging Face backbone")
-        if self.data is None and self.task is None: raise ValueError("data is None: the task's own examples are drawn, and no task is given (give data or task)")
-        if self.data is None and self.eval_data is not None: raise ValueError("eval_data needs data: with the task's own examples the held-out split is drawn too")
-        if self.fine_tune.steps and self.task is None: raise ValueError("fine_tune.steps needs a task: the fine-tuned base is gated by the task's checker")
-        if self.n_train < 1: raise ValueError(f"n_train must be >= 1, got {self.n_train}")
-        if self.base_seed is not None and (type(self.base_seed) is not int or not 0 <= self.base_seed < 2**31):
-            raise ValueError(f"base_seed must be an integer in [0, 2**31), got {self.base_seed!r}")
+        check_hf_run_config(self)
 
     data_seed = property(lambda self: self.seed if self.base_seed is None else self.base_seed)  # seeds the data, the fine-tuned base, its gate, c_theta
 
@@ -1003,11 +1008,12 @@ def command_argv(task: str,                   # a registered task name or module
                  alpha: float, gamma: float,  # theta's weights (gamma also for the token-weighted terms)
                  overrides: dict[str, object],  # dotted RunConfig paths -> values, each the field of one option
                  flags: list[str] = (),       # switches outside the configuration (--allow-failed-base, --shared-prefix)
+                 backbone: str | None = None, # a Hugging Face causal LM's directory (the overrides are HFRunConfig paths), or None
                 ) -> list[str]:               # the options of `basedirected-train` that `config_from_args` reads back as `resolve_config`'s configuration
     "The `basedirected-train` options of a run given as `resolve_config`'s arguments: the one way a configuration is written as a command."
-    by_path = {o.path: o for o in OPTIONS if o.path and "tiny" in o.backbones}
-    if unknown := [p for p in overrides if p not in by_path]: raise ValueError(f"no option of basedirected-train sets {', '.join(unknown)}")
-    argv = ["--task", task, *(["--regime", regime] if regime else []), "--objective", objective]
+    by_path = {o.path: o for o in OPTIONS if o.path and ("tiny" if backbone is None else "hf") in o.backbones}
+    if unknown := [p for p in overrides if p not in by_path]: raise ValueError(f"no option of basedirected-train{'' if backbone is None else ' --backbone'} sets {', '.join(unknown)}")
+    argv = [*(["--backbone", backbone] if backbone is not None else []), "--task", task, *(["--regime", regime] if regime else []), "--objective", objective]
     for path, v in overrides.items():
         o = by_path[path]
         if o.negates: argv += [] if v else [o.flag]  # a negating switch stands for False; True is its field's default

@@ -35,12 +35,12 @@ from .train import BaseGateError, complete, train_run
 from .groups import pack_groups, train_group
 
 # %% auto #0
-__all__ = ['MOVED_TO_PRESETS', 'SWEEP_FOLDERS', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVATION', 'CUDA_CONTEXT_GIB',
-           'prepare_shared_base', 'check_base_gate', 'select_bases', 'selected_bases', 'skipped_cells', 'clear_cells',
-           'finished_record', 'finished', 'check_sweep_dir', 'record_preset', 'cell_locks', 'clear_held_cells',
-           'run_cell', 'run_group_cells', 'run_pack', 'die_with_parent', 'SweepWorkers', 'pack_memory_gib',
-           'DevicePlacer', 'cuda_budgets_gib', 'run_placed', 'copy_bases', 'seed_bases', 'earlier_cells',
-           'check_same_bases', 'check_earlier_bases', 'execute']
+__all__ = ['MOVED_TO_PRESETS', 'SWEEP_FOLDERS', 'BACKBONE_BASE_FILES', 'BYTES_PER_PARAMETER', 'BYTES_PER_ACTIVATION',
+           'CUDA_CONTEXT_GIB', 'prepare_shared_base', 'check_base_gate', 'select_bases', 'selected_bases',
+           'skipped_cells', 'clear_cells', 'finished_record', 'finished', 'check_sweep_dir', 'record_preset',
+           'cell_locks', 'clear_held_cells', 'run_cell', 'run_group_cells', 'run_pack', 'die_with_parent',
+           'SweepWorkers', 'pack_memory_gib', 'DevicePlacer', 'cuda_budgets_gib', 'run_placed', 'copy_bases',
+           'seed_bases', 'earlier_cells', 'check_same_bases', 'check_earlier_bases', 'execute']
 
 # %% ../nbs/11_experiments.ipynb #b8994791
 MOVED_TO_PRESETS = ("PRESETS", "check_preset", "with_arm", "cell_overrides", "SIZE_FIELDS", "size_tag", "plan_cost")
@@ -60,8 +60,13 @@ def prepare_shared_base(out: Path,            # the sweep's directory
                        ) -> dict:             # the base's gate
     "Install (or train, or reuse) the base model, $\\widehat c_\\theta$ and gate shared by every run of `(spec.regime, data seed)`; returns the gate. Under the base's lock: one process prepares it, any other waits and reuses it."
     cfg, dev = spec.config, resolve_device(device)
-    use_numerics(cfg)
     d = base_dir(out, *spec.shared_base)
+    if hasattr(cfg, "backbone"):  # a backbone fine-tuned on the task: its data, the fine-tuned base and its gate, as a run on it makes them
+        from basedirected.fine_tuning import prepare_fine_tuned_base  # the Hugging Face extra: imported only for a backbone
+        with file_lock(lock_path(out, "base-" + d.name), f"waiting for another process preparing the base {d.name}"):
+            d.mkdir(parents=True, exist_ok=True); remove_temporaries(d)
+            return prepare_fine_tuned_base(RunDir(d), cfg, dev, require_gate=False)
+    use_numerics(cfg)
     with file_lock(lock_path(out, "base-" + d.name), f"waiting for another process preparing the base {d.name}"):
         d.mkdir(parents=True, exist_ok=True); remove_temporaries(d)
         vocab = run_vocab(cfg)
@@ -180,6 +185,8 @@ def record_preset(out: Path,       # the sweep's directory
     atomic_write_json(SweepDir(out).preset, {"preset": asdict(preset), "environment": environment_record(preset.seeds[0])})
 
 # %% ../nbs/11_experiments.ipynb #849c8993
+BACKBONE_BASE_FILES = ("fine_tuned_base", "train.jsonl", "eval.jsonl", "base_gate.json")  # what a cell on a backbone copies from its shared base
+
 def _open_cell(out: Path, spec: RunSpec, force: bool) -> RunDir | dict:
     "The cell's run directory, ready to train (its base copied in, its command written), or its metrics if it already finished."
     rd = RunDir(SweepDir(out).inside(SweepDir(out).run(spec.key).path))
@@ -190,8 +197,11 @@ def _open_cell(out: Path, spec: RunSpec, force: bool) -> RunDir | dict:
     if (record := finished_record(out, spec)) is not None: return record
     rd.metrics.unlink(missing_ok=True)  # not the sweep's record: the cell's run is completed (or resumed) and its record written again
     rd.path.mkdir(parents=True, exist_ok=True); remove_temporaries(rd.path)  # the cell's lock is held: any temporary is a killed writer's
-    for name in ("base.pt", "reference_scale.json", "base_gate.json"):
-        if not (rd.path / name).exists(): shutil.copy(base_dir(out, *spec.shared_base) / name, rd.path / name)
+    shared = base_dir(out, *spec.shared_base)
+    for name in BACKBONE_BASE_FILES if hasattr(spec.config, "backbone") else ("base.pt", "reference_scale.json", "base_gate.json"):
+        if (rd.path / name).exists(): continue
+        if (shared / name).is_dir(): shutil.copytree(shared / name, rd.path / name)  # the fine-tuned base, whose files its record checks by sha256
+        else: shutil.copy(shared / name, rd.path / name)
     write_command(rd, ["basedirected-train", "--run-dir", str(rd.path), *spec.argv])
     return rd
 
@@ -241,7 +251,10 @@ def run_cell(out: Path,              # the sweep's directory
         rd = _open_cell(out, spec, force)
         if isinstance(rd, dict): return rd
         t0 = time.perf_counter()
-        run = _with_options(prepare_run(rd.path, spec.config, device=device), spec)
+        if hasattr(spec.config, "backbone"):
+            from basedirected.hf import prepare_hf_run  # the Hugging Face extra: imported only for a backbone
+            run = prepare_hf_run(rd.path, spec.config, device=device, require_gate=False)  # its base, data and gate copied in: nothing fine-tuned again
+        else: run = _with_options(prepare_run(rd.path, spec.config, device=device), spec)
         final = train_run(run, tensorboard=tensorboard)  # its events in tensorboard/<key>, its directory's name
         return _cell_record(spec, run, final, time.perf_counter() - t0)
 
@@ -491,7 +504,7 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
         ctx = torch.multiprocessing.get_context("spawn")
         with SweepWorkers(max_workers=jobs, mp_context=ctx, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
             def prepare(keys):  # the bases in parallel, the longest first
-                order = sorted(keys, key=lambda k: -shared[k].config.base.steps)
+                order = sorted(keys, key=lambda k: -(shared[k].config.fine_tune.steps if hasattr(shared[k].config, "backbone") else shared[k].config.base.steps))
                 futures = {k: pool.submit(prepare_shared_base, out, shared[k], devices[i % len(devices)], base_from) for i, k in enumerate(order)}
                 return [futures[k].result() for k in keys]
             usable = selected_bases(preset, every, prepare, known)  # every base gated (and a failed one replaced, with bases_needed) before any run
@@ -499,10 +512,11 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
             bar = tqdm(total=len(specs), desc="runs", disable=not progress)
             ready = lambda pack: all(usable[specs[i].shared_base] for i in pack)
             if n_gpu:  # a pack starts only where its memory estimate fits beside those running (pack_memory_gib)
-                needs = [pack_memory_gib([specs[i].config for i in pack]) for pack in packs]
+                budgets = cuda_budgets_gib()  # a backbone's memory is not modelled (nothing measured it): its cell takes a device's whole budget
+                needs = [min(budgets) if hasattr(specs[pack[0]].config, "backbone") else pack_memory_gib([specs[i].config for i in pack]) for pack in packs]
                 def submit(k, d):
                     return pool.submit(run_pack, out, [specs[i] for i in packs[k]], f"cuda:{d}", force, compile, tensorboard) if ready(packs[k]) else _no_records()
-                for k, f in run_placed(needs, DevicePlacer(cuda_budgets_gib()), submit, jobs): records.update(zip(packs[k], f.result())); bar.update(len(packs[k]))
+                for k, f in run_placed(needs, DevicePlacer(budgets), submit, jobs): records.update(zip(packs[k], f.result())); bar.update(len(packs[k]))
             else:
                 futures = []
                 for pack, dev in zip(packs, devices):

@@ -39,6 +39,7 @@ GROUP_FREE_FIELDS = ("seed", "base_seed", "objective", "loss", "train.beta", "tr
 def alone_reason(config: RunConfig,  # a run's configuration
                 ) -> str | None:    # why it trains alone, or None
     "Why a run cannot join a group: its reference recomputed each step, a marginal router, or the coupling term (mechanisms the group's step does not stack)."
+    if hasattr(config, "backbone"): return "a run on a Hugging Face backbone: the group's step stacks the small transformer"
     if config.train.recompute_reference: return "its reference is recomputed each step"
     if config.cvae.router != "input": return "a marginal router r(z) is not stacked by the group's step"
     if config.cvae.coupling > 0: return "the coupling term is not stacked by the group's step"

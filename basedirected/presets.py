@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .model import ModelConfig
 from .runs import run_vocab
-from .config import RunConfig, command_argv, coordinate_key, coordinates, resolve_config, task_coordinates
+from .config import HFRunConfig, RunConfig, command_argv, coordinate_key, coordinates, resolve_config, task_coordinates
 from .tasks import Task
 
 # %% auto #0
-__all__ = ['PRESETS', 'SIZE_FIELDS', 'check_preset', 'with_arm', 'Preset', 'RunSpec', 'cell_overrides', 'size_tag', 'plan',
-           'plan_cost']
+__all__ = ['PRESETS', 'SIZE_FIELDS', 'check_preset', 'with_arm', 'Preset', 'RunSpec', 'cell_overrides', 'backbone_changes',
+           'backbone_tag', 'with_backbone', 'size_tag', 'plan', 'plan_cost']
 
 # %% ../nbs/10e_presets.ipynb #f6765ca6
 def check_preset(p):  # the Preset being built (its class is defined below, in the cell that calls this)
@@ -43,6 +45,11 @@ def check_preset(p):  # the Preset being built (its class is defined below, in t
     if unset := [k for k, v in p.knobs.items() if v is None]: raise ValueError(f"preset {p.name}: knobs {', '.join(unset)} have no value (an arm unsets one with None)")
     try: coordinate_key(p.knobs)
     except ValueError as e: raise ValueError(f"preset {p.name}: {e}") from None
+    if p.backbone is not None:  # a Hugging Face backbone's runs: what they cannot do is refused before any cell is planned
+        if not isinstance(p.backbone, str): raise ValueError(f"preset {p.name}: backbone must be a directory's path, got {p.backbone!r}")
+        if p.taus: raise ValueError(f"preset {p.name}: tau needs the break-even beta*, which a run on a backbone does not compute; give betas")
+        if p.latents != ("discrete",): raise ValueError(f"preset {p.name}: a run on a backbone has a discrete latent only")
+        if p.model is not None or p.base_strategy_draws is not None: raise ValueError(f"preset {p.name}: model and base_strategy_draws size the small transformer's base, not a backbone's")
     for arm in p.arms: with_arm(p, arm)  # each arm is a preset, checked as one
 
 def with_arm(preset,       # a Preset
@@ -91,6 +98,9 @@ class Preset:
     threads: int = 1                     # torch threads of every run and base (part of each cell's command: results depend on it)
     shared_prefix: bool = False          # discrete z: the prompt once for all K codes (a speed option; the same numbers to round-off)
     gate_exceptions: tuple[tuple[str, str], ...] = ()  # (regime, why) of bases the sweep may use although they fail the quality gate
+    backbone: str | None = None          # a Hugging Face causal LM's directory: every cell adapts from a base fine-tuned from it on the task
+                                         # (base_steps: its fine-tuning steps; None: the package's default), its name in every key; None: the
+                                         # task's small transformer
 
     def __post_init__(self):
         check_preset(self)
@@ -314,7 +324,8 @@ class RunSpec:
     def command(self, run_dir: str) -> str: return shlex.join(["basedirected-train", "--run-dir", run_dir, *self.argv])
     @property
     def shared_base(self) -> tuple[str, int]:
-        "The shared base the cell adapts from: its task (or regime) with the task's coordinates ('sorting-forms2'), and its data seed."
+        "The shared base the cell adapts from: its task (or regime) with the task's coordinates ('sorting-forms2') or its backbone's name ('sorting-gpt2'), and its data seed."
+        if isinstance(self.config, HFRunConfig): return f"{self.regime}-{backbone_tag(self.config.backbone)}", self.config.data_seed
         return self.regime + coordinate_key(task_coordinates(self.config)), self.config.data_seed
 
 # %% ../nbs/10e_presets.ipynb #d4ff3441
@@ -340,6 +351,23 @@ def cell_overrides(preset: Preset,              # the sweep's sizes
               "metrics.n_forced": preset.n_forced, "threads": preset.threads})
     if preset.early_evals: o["train.eval_early_every"] = every // (preset.early_evals + 1)  # only where asked: older cells' commands unchanged
     return {**o, **{p: preset.knobs[p] for p in coordinates() if p in preset.knobs}}  # the rows' order: a cell's command is written as it was
+
+# %% ../nbs/10e_presets.ipynb #3e8aa85b
+def backbone_changes(changes: dict[str, object],  # `cell_overrides` of a cell
+                    ) -> dict[str, object]:       # the same cell's changes to a run on a Hugging Face backbone (`HFRunConfig` paths)
+    "A cell's changes on a backbone: `base.steps` becomes `fine_tune.steps`; the latent's kind and the threads, which a backbone's run does not have, are dropped."
+    return {("fine_tune.steps" if k == "base.steps" else k): v for k, v in changes.items() if k not in ("cvae.latent", "threads")}
+
+def backbone_tag(backbone: str,  # a backbone's directory
+                ) -> str:        # its name as a part of a cell's key ('Qwen2.5-0.5B' -> 'Qwen2.5_0.5B')
+    "A backbone's directory name with anything but letters, digits and dots replaced by '_': a key's parts are split on '-'."
+    return re.sub(r"[^A-Za-z0-9.]+", "_", Path(backbone).name)
+
+def with_backbone(preset: Preset,  # a preset of the small transformer
+                  backbone: str,   # a Hugging Face causal LM's directory (save_pretrained)
+                 ) -> Preset:
+    "The same study on a backbone: every cell adapts from a base fine-tuned from `backbone` on its task (`basedirected-repro --backbone`)."
+    return dataclasses.replace(preset, backbone=str(Path(backbone).resolve()))
 
 # %% ../nbs/10e_presets.ipynb #ae11107a
 SIZE_FIELDS = ("n_train", "n_eval", "model", "base_steps", "base_strategy_draws", "cvae_steps", "evals", "early_evals", "batch_size", "c_samples",
@@ -380,12 +408,14 @@ def _grid(preset: Preset) -> list[RunSpec]:
                 for base, seed in itertools.product(preset.base_seeds or (None,), preset.seeds):
                     beta, tau = (w, None) if axis == "beta" else (None, w)
                     changes = cell_overrides(preset, latent, seed, posterior, K, beta=beta, tau=tau, base_seed=base)
-                    shared = preset.shared_prefix and latent == "discrete"
-                    argv = command_argv(task, named, name, alpha, gamma, changes, flags + ["--shared-prefix"] * shared)
+                    if preset.backbone is not None: changes = backbone_changes(changes)
+                    shared = preset.shared_prefix and latent == "discrete" and preset.backbone is None
+                    argv = command_argv(task, named, name, alpha, gamma, changes, flags + ["--shared-prefix"] * shared, backbone=preset.backbone)
                     tag = f"_a{alpha}_g{gamma}" if name == "theta" else ""
-                    key = f"{regime}-{latent}-{posterior}-K{K}-{name}{tag}-{axis[0]}{w}{coordinate_key(preset.knobs)}{'' if base is None else f'-base{base}'}-s{seed}"
+                    on = "" if preset.backbone is None else f"-{backbone_tag(preset.backbone)}"
+                    key = f"{regime}-{latent}-{posterior}-K{K}-{name}{tag}-{axis[0]}{w}{coordinate_key(preset.knobs)}{'' if base is None else f'-base{base}'}{on}-s{seed}"
                     specs.append(RunSpec(key, name, beta, tau, seed, regime, latent, alpha, gamma, posterior, K, tuple(argv),
-                                         resolve_config(task, name, changes, alpha, gamma, named), shared, preset.bases_needed))
+                                         resolve_config(task, name, changes, alpha, gamma, named, backbone=preset.backbone), shared, preset.bases_needed))
     return specs
 
 # %% ../nbs/10e_presets.ipynb #a859b64c

@@ -460,6 +460,10 @@ def _runs_by_label(rows: list[dict]) -> dict:
     order = lambda item: sum(r["tau_effective"] if isinstance(r.get("tau_effective"), float) else r["beta_effective"] for r in item[1]) / len(item[1])
     return {lab: dict(sorted(cells.items(), key=order)) for lab, cells in sorted(out.items())}
 
+def _on_tau(by_beta: dict) -> dict:
+    "The runs of each cell that have a τ (a run on a backbone has no break-even β*, so no τ), cells left empty dropped."
+    return {k: kept for k, rs in by_beta.items() if (kept := [r for r in rs if isinstance(r.get("tau_effective"), float)])}
+
 def _seeds_and_mean(ax, by_beta: dict, x, y, color, label: str, **line):
     "Every seed as a point at its own (x, y), and the mean over seeds of each β as a line through them."
     for rs in by_beta.values(): ax.scatter([x(r) for r in rs], [y(r) for r in rs], s=12, alpha=0.45, color=color, lw=0)
@@ -501,8 +505,8 @@ def figure_collapse(out: Path,                  # the sweep's output directory (
     for i, (lab, by_beta) in enumerate(_runs_by_label(rows).items()):
         c = f"C{i}"
         _seeds_and_mean(axes[0], by_beta, lambda r: r["beta_effective"], izx, c, lab, marker="o", ms=3)
-        _seeds_and_mean(axes[1], by_beta, lambda r: r["tau_effective"], izx, c, lab, marker="o", ms=3)
-        _seeds_and_mean(axes[2], by_beta, lambda r: r["tau_effective"], lambda r: r["I_zs_norm"], c, lab, marker="o", ms=3)
+        _seeds_and_mean(axes[1], _on_tau(by_beta), lambda r: r["tau_effective"], izx, c, lab, marker="o", ms=3)
+        _seeds_and_mean(axes[2], _on_tau(by_beta), lambda r: r["tau_effective"], lambda r: r["I_zs_norm"], c, lab, marker="o", ms=3)
     for ax, (x, y) in zip(axes, [("β", "I(z;x,y) / log K"), ("τ = β / β*", "I(z;x,y) / log K"), ("τ = β / β*", "I(z;s) / H(s)")]):
         ax.set_xscale("log"); ax.set_xlabel(x); ax.set_ylabel(y); ax.set_ylim(-0.05, 1.05)
         ax.xaxis.set_minor_formatter(plt.NullFormatter())  # minor labels of a short log axis collide
@@ -840,7 +844,8 @@ def write_figures(out: Path,  # the sweep's output directory (figures go to OUT/
     rows = read_results(out)
     for regime, latent in sorted({(r["regime"], r["latent"]) for r in rows}):
         plt.close(figure_frontier(out, regime, latent)); plt.close(figure_collapse(out, regime, latent))
-        if latent == "discrete": plt.close(figure_alignment(out, regime, latent))
+        if latent == "discrete" and any(r["regime"] == regime and isinstance(r.get("tau_effective"), float) for r in rows):  # against τ: none on a backbone
+            plt.close(figure_alignment(out, regime, latent))
     if SweepDir(out).curves.is_file():
         for regime in sorted({r["regime"] for r in rows}): plt.close(figure_escape(out, regime))
     gains = {r["regime"] for r in read_records(out) if r.get("gain_per_position")}
@@ -849,7 +854,8 @@ def write_figures(out: Path,  # the sweep's output directory (figures go to OUT/
         if any(r["regime"] == regime and r.get("objective") == "theta" and r.get("latent") == "discrete" for r in rows): plt.close(figure_paired(out, regime))
     if any(r.get("latent") == "discrete" for r in rows): plt.close(figure_answer(out))
     if run_dirs(out): plt.close(figure_curves(out))  # a collection merged from an earlier one may have no run directory here
-    here = [r for r in rows if SweepDir(out).run(r["key"]).config.is_file()]  # an earlier collection's cells have no run directory here
+    here = [r for r in rows if SweepDir(out).run(r["key"]).config.is_file()  # an earlier collection's cells have no run directory here
+            and "backbone" not in read_json(SweepDir(out).run(r["key"]).config)["config"]]  # the heat map reads the small transformer's base
     if here: plt.close(figure_weights(out, regime=here[0]["regime"], seed=int(here[0]["seed"])))
 
 # %% ../nbs/12_reports.ipynb #f60e7457

@@ -17,7 +17,7 @@ from .config import OneLineParser, add_dataclass_options, dataclass_from_args
 from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, earlier_collection, preset_from_record, read_records, submit_sweep
 from .collection import SweepDir, base_dir
 from .experiments import earlier_cells, execute, finished, seed_bases
-from .presets import PRESETS, plan
+from .presets import PRESETS, backbone_tag, plan, with_backbone
 from .reports import answer_text, compare_collections, headline_text, comparison_text, write_reports
 from .runs import atomic_write_bytes, check_writable, read_json, read_table
 from .machine import environment_record, resolve_device
@@ -48,7 +48,7 @@ def _run_sweep(a, out: Path, cluster: ClusterConfig, jobs: int, group_size: int)
         summary = {"preset": read_json(SweepDir(out).preset)["preset"]["name"], "collected": True}
         if earlier is not None: summary["earlier"] = _earlier_summary(out, preset_from_record(out), records, earlier)
         return records, missing, summary
-    preset = PRESETS[a.preset]
+    preset = _preset_of(a)
     if a.bases is not None: print(f"bases seeded from {a.bases}: {', '.join(seed_bases(out, preset, Path(a.bases))) or 'every one was here already'}")
     if earlier is not None: earlier_collection(out, preset, earlier)  # the same preset, and no other base here, before anything trains
     if cluster.executor == "submitit":
@@ -71,8 +71,20 @@ def _run_sweep(a, out: Path, cluster: ClusterConfig, jobs: int, group_size: int)
 # %% ../nbs/12b_repro.ipynb #07d7ff33
 def _time_kind(s) -> tuple:
     "What a cell's estimated time depends on: cells alike in these are timed once."
-    return (s.regime, s.config.train.steps, s.config.train.batch_size, s.K, s.posterior, s.config.cvae.latent, str(s.config.base.model))
+    size = s.config.backbone if hasattr(s.config, "backbone") else str(s.config.base.model)
+    return (s.regime, s.config.train.steps, s.config.train.batch_size, s.K, s.posterior, s.config.cvae.latent, size)
 
+def _phases(path: Path, config, base_from: str, shared: bool) -> list[dict]:
+    "A run's plan rows of its shared base (`shared`) or of its own (the cell's): `run_plan`'s, or on a backbone `hf_run_plan`'s, whose rows have no time estimate."
+    if hasattr(config, "backbone"):
+        from basedirected.hf import hf_run_plan  # the Hugging Face extra: imported only for a backbone
+        return [r for r in hf_run_plan(path, config, metrics=not shared) if (r["phase"] in ("data", "fine_tune", "gate")) == shared]
+    return [r for r in run_plan(path, config, base_from, metrics=not shared) if (r["phase"] in ("base", "c_theta", "gate")) == shared]
+
+def _seconds(rows: list[dict]) -> float | None: return None if any(r["seconds"] is None for r in rows) else sum(r["seconds"] for r in rows)
+
+
+# %% ../nbs/12b_repro.ipynb #4535c4d0
 def sweep_plan(out: Path,                 # the sweep's directory (it may hold finished cells)
                preset,                    # the preset it runs
                jobs: int = 1,             # worker processes (the cells' time is shared among them)
@@ -89,24 +101,24 @@ def sweep_plan(out: Path,                 # the sweep's directory (it may hold f
     todo = [s for s in chosen if s.key not in before and (force or not finished(out, s))]
     bases, seconds_by_kind = {}, {}
     for s in todo:
-        if s.shared_base not in bases:
-            bases[s.shared_base] = [r for r in run_plan(base_dir(out, *s.shared_base), s.config, base_from, metrics=False) if r["phase"] in ("base", "c_theta", "gate")]
-        if _time_kind(s) not in seconds_by_kind:
-            seconds_by_kind[_time_kind(s)] = sum(r["seconds"] for r in run_plan(SweepDir(out).run(s.key).path, s.config, base_from) if r["phase"] in ("cvae", "metrics"))
-    cells = sum(seconds_by_kind[_time_kind(s)] for s in todo)
-    trained = [rows for rows in bases.values() if any(r["seconds"] > 0 for r in rows)]
-    base_seconds = sum(r["seconds"] for rows in bases.values() for r in rows)
+        if s.shared_base not in bases: bases[s.shared_base] = _phases(base_dir(out, *s.shared_base), s.config, base_from, shared=True)
+        if _time_kind(s) not in seconds_by_kind: seconds_by_kind[_time_kind(s)] = _seconds(_phases(SweepDir(out).run(s.key).path, s.config, base_from, shared=False))
+    cells = [seconds_by_kind[_time_kind(s)] for s in todo]
+    trained = [rows for rows in bases.values() if any(r["seconds"] is None or r["seconds"] > 0 for r in rows)]
+    base_seconds = [_seconds(rows) for rows in bases.values()]
+    known = None not in cells + base_seconds  # a backbone's speed is not modelled: no estimate
     return {"cells": len(every), "chosen": len(chosen), "earlier": len(held), "finished": len(chosen) - len(held) - len(todo), "to_train": len(todo),
-            "bases": len(bases), "bases_to_train": len(trained), "jobs": jobs,
-            "seconds": base_seconds / max(1, min(jobs, len(trained))) + cells / max(1, min(jobs, len(todo)))}
+            "bases": len(bases), "bases_to_train": len(trained), "jobs": jobs, "backbone": any(hasattr(s.config, "backbone") for s in every),
+            "seconds": sum(base_seconds) / max(1, min(jobs, len(trained))) + sum(cells) / max(1, min(jobs, len(todo))) if known else None}
 
 def sweep_plan_text(p: dict, preset_name: str) -> str:
     "The plan in two lines."
     left = p["cells"] - p["chosen"]
     cells = (f"plan: {p['chosen']} of preset {preset_name}'s {p['cells']} cells" if left else f"plan: the {p['cells']} cells of preset {preset_name}") + (
         f": {p['finished']} finished, " if p["finished"] else ": ") + (f"{p['earlier']} in the earlier collection, " if p["earlier"] else "") + f"{p['to_train']} to train"
-    bases = (f"; {p['bases']} shared base{'s' * (p['bases'] != 1)}, {p['bases_to_train']} to pre-train here" if p["bases"] else "")
+    bases = (f"; {p['bases']} shared base{'s' * (p['bases'] != 1)}, {p['bases_to_train']} to {'fine-tune' if p.get('backbone') else 'pre-train'} here" if p["bases"] else "")
     if not (p["to_train"] or p["bases_to_train"]): return cells + bases  # no estimate for nothing
+    if p["seconds"] is None: return cells + bases + "\n  no time estimate: a backbone's speed is not modelled"
     return (cells + bases + f"\n  estimated {p['seconds'] / 60:.1f} min on this machine with {p['jobs']} worker process{'es' * (p['jobs'] != 1)} "
             "(a timed pass of each model; the bar below corrects it)")
 
@@ -150,6 +162,9 @@ def repro_parser() -> OneLineParser:
     p.add_argument("--only", default=None, metavar="REGEX", help="train only the cells whose key matches REGEX (a Python regular expression, "
                    "searched: e.g. grid_pathfinding, or coupling1-base2), and the bases they adapt from; the others are named missing and are "
                    "left for a rerun without --only or a later sitting (--earlier)")
+    p.add_argument("--backbone", default=None, metavar="DIR", help="run the preset on a Hugging Face causal LM saved in DIR (save_pretrained; "
+                   "nothing is downloaded): every cell adapts from a base fine-tuned from it on its task, shared by the cells of one base seed "
+                   "(the preset's base_steps are the fine-tuning steps), its name in every key; the preset must give betas (a backbone's runs have no beta*)")
     p.add_argument("--train-bases", action="store_true", help="pre-train every base here from its recipe, even where a base shipped with "
                    "the package was trained for it (by default the cells adapt from the shipped bases: basedirected.pretrained.catalogue())")
     p.add_argument("--compare", default=None, metavar="REF", help="a reference collection of the same preset (reference/<preset>): after the "
@@ -170,7 +185,7 @@ def repro_parser() -> OneLineParser:
 def _preset_of(a: argparse.Namespace):
     "The preset this invocation runs or collects: OUT's own where --collect reads one, else --preset's."
     if a.collect and a.out is not None and SweepDir(a.out).preset.is_file(): return preset_from_record(Path(a.out))
-    return PRESETS[a.preset]
+    return PRESETS[a.preset] if a.backbone is None else with_backbone(PRESETS[a.preset], a.backbone)
 
 def check_reference(reference: Path,  # --compare's REF
                     preset,           # the preset of the collection it is compared with
@@ -188,6 +203,21 @@ def _checked_reference(p: argparse.ArgumentParser, a: argparse.Namespace):
     try: check_reference(Path(a.compare), _preset_of(a))
     except ValueError as e: p.error(f"--compare {e}")
 
+# %% ../nbs/12b_repro.ipynb #c725d156
+def _checked_backbone(p: argparse.ArgumentParser, a: argparse.Namespace):
+    "--backbone: a directory holding a saved model, and a preset its runs can run (one line and exit status 2 where not)."
+    if not (Path(a.backbone) / "config.json").is_file(): p.error(f"--backbone {a.backbone} is not a directory holding a saved model (config.json)")
+    try: _preset_of(a)
+    except ValueError as e: p.error(f"--backbone: {e}")
+
+def _checked_tensorboard(p: argparse.ArgumentParser, a: argparse.Namespace, cluster: ClusterConfig):
+    "--tensorboard: the pool's cells write their events in a directory this process can write (one line and exit status 2 where not)."
+    if a.collect or cluster.executor != "pool": p.error("--tensorboard writes the events of the cells this invocation trains: it needs --executor pool and no --collect")
+    if not a.tensorboard.strip(): p.error("--tensorboard must name a directory, got an empty string")
+    if importlib.util.find_spec("tensorboard") is None: p.error("--tensorboard needs the tensorboard package: pip install tensorboard")
+    try: check_writable(Path(a.tensorboard))
+    except ValueError as e: p.error(f"--tensorboard {e}")
+
 # %% ../nbs/12b_repro.ipynb #f7d2cdf7
 def _checked_args(p: argparse.ArgumentParser, a: argparse.Namespace,  # `repro_parser()` (its error() exits with one line), what it parsed
                  ) -> tuple:                   # (the cluster's configuration, jobs, group size, the sweep's directory)
@@ -197,6 +227,7 @@ def _checked_args(p: argparse.ArgumentParser, a: argparse.Namespace,  # `repro_p
         except ValueError as e: p.error(str(e))
         if recorded != a.preset: p.error(f"--preset {a.preset}: the sweep in {a.out} was made with preset {recorded} (--collect reads it from preset.json; drop --preset)")
     a.preset = a.preset or "rescaling-one-seed"
+    if a.backbone is not None: _checked_backbone(p, a)
     if a.out is not None and not a.out.strip(): p.error("--out must name a directory, got an empty string")
     try: cluster = dataclass_from_args(ClusterConfig, a)
     except ValueError as e: p.error(str(e))
@@ -223,14 +254,9 @@ def _checked_args(p: argparse.ArgumentParser, a: argparse.Namespace,  # `repro_p
         try: earlier_cells(Path(a.earlier))
         except ValueError as e: p.error(f"--earlier {e}")
     if a.compare is not None: _checked_reference(p, a)
-    if a.tensorboard is not None:
-        if a.collect or cluster.executor != "pool": p.error("--tensorboard writes the events of the cells this invocation trains: it needs --executor pool and no --collect")
-        if not a.tensorboard.strip(): p.error("--tensorboard must name a directory, got an empty string")
-        if importlib.util.find_spec("tensorboard") is None: p.error("--tensorboard needs the tensorboard package: pip install tensorboard")
-        try: check_writable(Path(a.tensorboard))
-        except ValueError as e: p.error(f"--tensorboard {e}")
+    if a.tensorboard is not None: _checked_tensorboard(p, a, cluster)
     if a.train_bases and (a.collect or a.bases is not None): p.error("--train-bases trains the sweep's bases: " + ("--collect trains nothing" if a.collect else "--bases seeds them"))
-    out = Path(a.out or f"runs/repro-{a.preset}")
+    out = Path(a.out or f"runs/repro-{a.preset}" + ("" if a.backbone is None else f"-{backbone_tag(a.backbone)}"))
     if out.exists() and not out.is_dir(): p.error(f"--out {out} is a file, not a directory")
     if not a.collect:  # a directory the sweep can write, or one line saying why not, before any work
         try:
