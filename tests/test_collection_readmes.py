@@ -1,0 +1,111 @@
+"""Each collection's README says how the collection was made; every figure it gives is read here from the file it comes from."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+REF = ROOT / "reference"
+
+
+def _readme(name: str) -> str:
+    "A collection's README, whitespace collapsed."
+    return " ".join((REF / name / "README.md").read_text().split())
+
+
+def _minutes(name: str) -> float:
+    from basedirected.repro import reference_minutes
+    return reference_minutes(name)
+
+
+def _revisions(name: str) -> tuple[dict, dict]:
+    "The environment that trained a collection's runs (`preset.json`) and the one that collected them (`summary.json`)."
+    return json.loads((REF / name / "preset.json").read_text())["environment"], json.loads((REF / name / "summary.json").read_text())["environment"]
+
+
+@pytest.mark.parametrize("name, page", [("study", "13a_study"), ("followup", "13b_followup"), ("addition", "13c_addition"), ("settled", "13d_settled"),
+                                        ("meaning", "13e_meaning"), ("entropy", "13f_entropy")])
+def test_each_study_page_sends_its_lab_log_to_its_collections_readme(name, page):
+    "The page names its README; the README has the section, names the page and what it reads."
+    cells = json.loads((ROOT / "nbs" / f"{page}.ipynb").read_text())["cells"]
+    prose = " ".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    assert f"`reference/{name}/README.md`" in prose
+    text = (REF / name / "README.md").read_text()
+    assert "\n## How this collection was made\n" in text and f"nbs/{page}.ipynb" in text
+
+
+def test_the_study_readme_is_its_sweep_log():
+    text = _readme("study")
+    summary = json.loads((REF / "study" / "summary.json").read_text())
+    assert f"The sweep trained all {summary['runs']} runs in {_minutes('study'):.1f} minutes (`sweep.log`, the shell's `time`)" in text
+    assert "ValueError: Unknown format code 'g'" in (REF / "study" / "sweep.log").read_text()  # it stopped while drawing a figure
+    trained, collected = _revisions("study")
+    assert not trained["git_dirty"] and not collected["git_dirty"] and trained["git_revision"] != collected["git_revision"]
+    assert f"the revision that trained the runs ({trained['git_revision'][:7]}), `summary.json` the one that collected them ({collected['git_revision'][:7]})" in text
+    assert (summary["jobs"], trained["cpu_count"]) == (2, 2) and "two worker processes on a 2-core machine" in text
+
+
+def test_the_followup_readme_is_its_sweep_log():
+    text = _readme("followup")
+    log = (REF / "followup" / "sweep.log").read_text()
+    invocations = re.findall(r"^# invocation (\d) \((\w+)", log, re.M)
+    assert [i for i, _ in invocations] == ["1", "2", "3"] and "in three invocations from committed revisions" in text
+    assert "shared the machine with test runs" in log.splitlines()[2] and "(the first invocation shared the machine with a test run)" in text
+    assert f"{_minutes('followup'):.1f} minutes over the three invocations" in text
+    trained, collected = _revisions("followup")
+    assert trained["git_revision"].startswith(invocations[-1][1]) and not trained["git_dirty"] and not collected["git_dirty"]
+    summary = json.loads((REF / "followup" / "summary.json").read_text())
+    assert f"ran this preset's {summary['runs']} cells at {invocations[-1][1]}, the revision `preset.json` records" in text
+    assert (trained["machine"], trained["cpu_count"]) == ("x86_64", 2) and "another 2-core x86_64 machine" in text
+
+
+def test_the_addition_readme_is_its_sweep_log():
+    text = _readme("addition")
+    trained, collected = _revisions("addition")
+    summary = json.loads((REF / "addition" / "summary.json").read_text())
+    assert not trained["git_dirty"] and not collected["git_dirty"] and (summary["jobs"], trained["cpu_count"], trained["machine"]) == (2, 2, "x86_64")
+    assert (f"trained its {summary['runs']} runs at {trained['git_revision'][:7]} (no uncommitted changes: `preset.json`) with two worker processes "
+            f"on a 2-core x86_64 CPU, in {_minutes('addition'):.1f} minutes") in text
+    assert "a CI run" in (REF / "addition" / "sweep.log").read_text() and "its base trained beside a CI run" in text
+
+
+def test_the_settled_readme_is_its_sweep_log():
+    text = _readme("settled")
+    log = (REF / "settled" / "sweep.log").read_text()
+    assert len(re.findall(r"^## invocation \d", log, re.M)) == 3 and f"Three invocations, {_minutes('settled'):.1f} minutes of sweep time" in text
+    assert "invocation 1 from a clean worktree at daa5155, invocations 2 and 3 at 67af351" in log.splitlines()[0]
+    trained, collected = _revisions("settled")
+    assert trained["git_revision"].startswith("67af351") and not trained["git_dirty"] and not collected["git_dirty"]
+    assert "the first from a clean worktree at daa5155, the second and third at 67af351, the revision `preset.json` records" in text
+    assert "before any cell had run" in log and "before any CVAE had run" in text
+    summary = json.loads((REF / "settled" / "summary.json").read_text())
+    assert (summary["runs"], len(summary["missing"])) == (94, 18) and "94 of its 112 cells" in text and "names the 18 cells" in text
+    trained2, _ = _revisions("settled-2")
+    assert trained2["git_revision"].startswith("b6118a8") and "(bases at 67af351 and cells at b6118a8, against bases at daa5155 and cells at 67af351)" in text
+    assert "## invocation 0: the two addition bases, trained at 67af351" in (REF / "settled-2" / "sweep.log").read_text()
+
+
+def test_the_meaning_readme_counts_its_invocations_and_sittings():
+    text = _readme("meaning")
+    log = (REF / "meaning" / "sweep.log").read_text()
+    numbered = sorted(set(re.findall(r"\binvocation (\d+)\b", log)))
+    assert numbered == ["1", "2", "3", "4", "6"] and "a fifth invocation" in log and "was lost with the machine before it was collected" in log
+    sittings = re.findall(r"^## sitting (\d)", log, re.M)  # sitting 1 opens the log without a heading; sitting 3 is the lost invocation's
+    assert sittings == ["2", "3", "4"] and "nothing from it is used here" in log
+    assert "The cells ran in five invocations in three sittings on one machine type (one more invocation, in a sitting between, was lost before it was collected" in text
+
+
+def test_the_entropy_readme_is_its_sweep_log_and_its_presets_estimate():
+    import inspect
+    import basedirected.presets
+    text = _readme("entropy")
+    log = (REF / "entropy" / "sweep.log").read_text()
+    assert len(re.findall(r"^invocation \d:", log, re.M)) == 5 and round(_minutes("entropy"), 1) == 180.7
+    assert "about 2 hours on 2 cores" in inspect.getsource(basedirected.presets)
+    assert f"it said about 2 hours on 2 cores; its five invocations took {_minutes('entropy'):.1f} minutes (`sweep.log`)" in text
+    trained, collected = _revisions("entropy")
+    summary = json.loads((REF / "entropy" / "summary.json").read_text())
+    assert summary["revisions"] == [trained["git_revision"]] and not trained["git_dirty"] and not collected["git_dirty"]  # one clean revision
+    assert "Intel" in trained["cpu"] and "Xeon" in trained["cpu"] and trained["cpu_count"] == 2 and summary["cpus"] == [trained["cpu"]]
+    assert "Every run is from one clean revision on one 2-core Intel Xeon" in text
