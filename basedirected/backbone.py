@@ -118,13 +118,13 @@ def save_tiny_backbone(path,                  # directory to write
 
 # %% ../nbs/10a_backbone.ipynb #95d23d7e
 class HFCausalLM(nn.Module):
-    "A Hugging Face causal LM on the backbone interface `CausalLM`; latent codes are predictable only right after `<z>`."
+    "A Hugging Face causal LM on the backbone interface `CausalLM`; latent codes are predictable only right after the latent block's `<z>`."
     def __init__(self, model: nn.Module,  # an `AutoModelForCausalLM` whose embeddings cover `vocab`
                  vocab: HFVocab):
         super().__init__()
         self.model, self.d_model = model, model.config.hidden_size
         self.register_buffer("code_ids", torch.tensor(vocab.latent_ids(vocab.n_latent)), persistent=False)
-        self.z_open = vocab.id("<z>")
+        self.z_open, self.y_open = vocab.id("<z>"), vocab.id("<y>")
         self.train(False)
 
     def train(self, mode: bool = True):
@@ -141,9 +141,11 @@ class HFCausalLM(nn.Module):
         else:
             emb = self.get_input_embeddings()(ids)
             out = self.model(inputs_embeds=emb + extra_embeddings.to(emb.dtype), **kw)
-        # the layout's grammar: a code follows <z> and nothing else, so b_t never depends on the code rows
+        # the layout's grammar: a code follows the latent block's <z> and nothing else, so b_t never depends on the code rows; a <z>
+        # sampled inside a response (<y> already seen) opens no block, else the codes' rows, drawn from the CVAE's seed, would enter its normalizer
         logits = out.logits
-        codes = logits[..., self.code_ids].masked_fill((ids != self.z_open)[..., None], torch.finfo(logits.dtype).min)
+        block = (ids == self.z_open) & ((ids == self.y_open).cumsum(-1) == 0)
+        codes = logits[..., self.code_ids].masked_fill(~block[..., None], torch.finfo(logits.dtype).min)
         logits[..., self.code_ids] = codes  # in place: a copy of (B, L, V) logits is gigabytes at a pretrained LM's vocabulary
         return (logits, out.hidden_states[-1]) if return_hidden else logits
 
