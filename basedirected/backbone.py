@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,15 +23,16 @@ except ImportError as e:  # the core package never imports this module
 from .base import SurprisalCache
 from .model import Batch, EncodedExamples, layout_tokens, response_nll
 from .runs import RunDir
-from .config import HFRunConfig
+from .config import AdaptConfig, HFRunConfig
 from .tasks import Example, example_record, export_jsonl, make_splits, make_task
 
 # %% auto #0
-__all__ = ['LAYOUT_SPECIALS', 'HFVocab', 'save_tiny_backbone', 'HFCausalLM', 'init_new_embeddings', 'quiet_progress_bars',
-           'load_backbone', 'PairRecord', 'read_pairs', 'pairs_to_examples', 'encode_examples', 'EncodedPairs',
-           'context_length', 'check_context', 'check_context_length', 'HFReference', 'PairSurprisalCache',
-           'train_rows_only', 'embedding_matrices', 'task_input', 'task_records', 'task_examples', 'run_data',
-           'run_backbone', 'task_response']
+__all__ = ['LAYOUT_SPECIALS', 'DTYPE_BYTES', 'LAYOUT_MARGIN', 'HFVocab', 'save_tiny_backbone', 'HFCausalLM',
+           'init_new_embeddings', 'quiet_progress_bars', 'load_backbone', 'PairRecord', 'read_pairs',
+           'pairs_to_examples', 'encode_examples', 'EncodedPairs', 'context_length', 'check_context',
+           'check_context_length', 'HFReference', 'PairSurprisalCache', 'train_rows_only', 'embedding_matrices',
+           'task_input', 'task_records', 'task_examples', 'run_data', 'run_backbone', 'task_response',
+           'saved_bytes_per_layer_token', 'backbone_parameters', 'run_seq_len', 'backbone_memory_bytes']
 
 # %% ../nbs/10a_backbone.ipynb #23fc6380
 LAYOUT_SPECIALS = ("<x>", "</x>", "<y>", "</y>", "<z>", "</z>", "<znull>")
@@ -384,3 +386,84 @@ def task_response(vocab: HFVocab,
                  ) -> tuple[str, ...]:
     "A generated response (the tokenizer's tokens) as the task's tokens: its text split on whitespace."
     return tuple(vocab.tokenizer.convert_tokens_to_string(list(tokens)).split())
+
+# %% ../nbs/10a_backbone.ipynb #48d138b4
+def _decoder_layers_set(model_config, n: int):
+    "A copy of a transformers configuration with `n` decoder layers and a 64-token vocabulary (its tokens do not change a layer's saved tensors)."
+    cfg = copy.deepcopy(model_config)
+    cfg.num_hidden_layers, cfg.vocab_size = n, 64  # GPT-2's n_layer is this attribute's alias
+    return cfg
+
+def saved_bytes_per_layer_token(model_config,   # a transformers configuration (AutoConfig)
+                                seq_len: int,   # tokens per row
+                               ) -> float:      # bytes
+    "$s_\\ell$: the bytes of the tensors one decoder layer saves for backward, per token, in float32, counted on the CPU as the difference between two- and one-layer copies."
+    counts = []
+    for n in (1, 2):
+        with torch.random.fork_rng(devices=[]):
+            model = transformers.AutoModelForCausalLM.from_config(_decoder_layers_set(model_config, n), dtype=torch.float32).eval()  # no dropout, as HFCausalLM
+        weights, storages = {p.untyped_storage().data_ptr() for p in model.parameters()}, {}
+        def keep(t):  # the weights a matmul saves are the model's own, counted once as weights
+            if t.untyped_storage().data_ptr() not in weights: storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            model(input_ids=torch.zeros(1, seq_len, dtype=torch.long), use_cache=False).logits.float().sum()
+        counts.append(sum(storages.values()))
+    return (counts[1] - counts[0]) / seq_len
+
+
+# %% ../nbs/10a_backbone.ipynb #df6866ec
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+def backbone_parameters(model_config,            # a transformers configuration (AutoConfig)
+                        adapt: AdaptConfig,     # what trains
+                        added_rows: int = 0,    # tokens the run adds to its tokenizer (the layout's and the codes'): rows of each embedding matrix
+                       ) -> dict[str, int]:     # parameters, LoRA's parameters and the embedding matrices' entries
+    "The backbone's parameter count, LoRA's trained parameters under `adapt` (rank × (in + out) per adapted linear map, the output head excluded as peft's 'all-linear' does) and the entries of its distinct embedding matrices."
+    with torch.device("meta"): model = transformers.AutoModelForCausalLM.from_config(model_config)
+    head = model.get_output_embeddings()
+    targets = None if adapt.lora_targets == "all-linear" else {t.strip() for t in adapt.lora_targets.split(",") if t.strip()}
+    lora = 0
+    for name, m in model.named_modules():
+        if m is head or not isinstance(m, (nn.Linear, transformers.pytorch_utils.Conv1D)): continue
+        if targets is not None and name.rsplit(".", 1)[-1] not in targets: continue
+        d_in, d_out = (m.in_features, m.out_features) if isinstance(m, nn.Linear) else m.weight.shape
+        lora += adapt.lora_rank * (d_in + d_out)
+    matrices = {id(w): w for w in (model.get_input_embeddings().weight, None if head is None else head.weight) if w is not None}.values()  # tied: one
+    grown = added_rows * sum(w.shape[1] for w in matrices)
+    return {"parameters": sum(p.numel() for p in model.parameters()) + grown, "lora": lora, "embeddings": sum(w.numel() for w in matrices) + grown}
+
+
+# %% ../nbs/10a_backbone.ipynb #40f8a017
+LAYOUT_MARGIN = 10  # tokens a row adds to its prompt and response: <bos> <x> </x> <z> code </z> <y> </y> <eos>, and one spare
+
+def run_seq_len(config: HFRunConfig,  # a run on a backbone: its data, or its task drawn from its data seed
+                n: int = 256,         # records read
+               ) -> int:              # tokens
+    "The longest row of the run's data in the backbone's tokenizer, the layout's tokens included: the records of `data`, or the task's examples as the run draws them."
+    tok = transformers.AutoTokenizer.from_pretrained(config.backbone, local_files_only=True)
+    if config.data is not None: records = read_pairs(config.data)[:n]
+    else:
+        task = make_task(config.task, config.regime)
+        records = task_records(task, make_splits(task, min(n, config.n_train), 1, config.data_seed)[0])
+    return LAYOUT_MARGIN + max(len(tok(r.prompt, add_special_tokens=False)["input_ids"]) + len(tok(r.response, add_special_tokens=False)["input_ids"]) for r in records)
+
+def backbone_memory_bytes(config: HFRunConfig,       # a run on a backbone
+                          seq_len: int | None = None,  # tokens per row (None: `run_seq_len`)
+                         ) -> dict[str, float]:      # bytes per part, and 'peak'
+    "The device memory of a run on a backbone, part by part (the equation above): the CVAE's weights, trained states and activations, the base's fine-tuning, and the larger phase as 'peak'."
+    mc = transformers.AutoConfig.from_pretrained(config.backbone, local_files_only=True)
+    seq_len = run_seq_len(config) if seq_len is None else seq_len
+    added = len(LAYOUT_SPECIALS) + max(config.cvae.K, 8) + 2  # the layout's tokens, the codes, <bos> and <eos> where the tokenizer lacks them (an upper bound)
+    counts, e = backbone_parameters(mc, config.adapt, added), DTYPE_BYTES.get(str(getattr(mc, "dtype", None) or "float32").removeprefix("torch."), 4)
+    nets = 1 + (config.cvae.posterior != "exact")  # the generator, and the amortized posterior's copy
+    trained = {"full": counts["parameters"] * nets, "lora": counts["lora"] * nets + counts["embeddings"], "frozen": counts["embeddings"]}[config.adapt.mode]
+    per_token = mc.num_hidden_layers * saved_bytes_per_layer_token(mc, seq_len) + 3 * 4 * (mc.vocab_size + added)
+    micro = config.train.batch_size // config.train.grad_accum
+    parts = {"weights": e * (counts["parameters"] * (1 + nets) + (config.adapt.mode == "lora") * counts["lora"] * nets), "trained states": 3 * e * trained,
+             "activations": micro * (config.cvae.K + 1) * seq_len * per_token}
+    ft = config.fine_tune
+    parts["fine-tuning"] = 0.0 if not ft.steps else e * counts["parameters"] * 4 + ft.batch_size * seq_len * per_token
+    parts["peak"] = max(parts["weights"] + parts["trained states"] + parts["activations"], parts["fine-tuning"])
+    return parts
+

@@ -330,10 +330,13 @@ def _parameters(cfg: RunConfig) -> int:
     m = cfg.base.model
     return m.n_layers * (4 * m.d_model ** 2 + 2 * m.d_model * m.d_ff) + (len(run_vocab(cfg)) + m.max_len) * m.d_model
 
-def pack_memory_gib(configs: list[RunConfig],  # the runs of one pack (trained as one group, or one run alone)
+def pack_memory_gib(configs: list[RunConfig],  # the runs of one pack (trained as one group, or one run alone on a backbone)
                    ) -> float:                 # GiB
-    "Estimated peak device memory of a pack of runs, $M_{\\text{context}} + \\sum (aP + bA)$ (fitted to the group benchmark's peaks, above)."
+    "Estimated peak device memory of a pack of runs, $M_{\\text{context}} + \\sum (aP + bA)$ (fitted to the group benchmark's peaks, above); a run on a backbone is counted from its configuration (`backbone_memory_bytes`)."
     def run(cfg):
+        if hasattr(cfg, "backbone"):
+            from .backbone import backbone_memory_bytes  # transformers: only where a run is on a backbone
+            return backbone_memory_bytes(cfg)["peak"]
         m, exact = cfg.base.model, cfg.cvae.latent == "discrete" and cfg.cvae.posterior == "exact"
         rows = cfg.cvae.K + (not exact) if cfg.cvae.latent == "discrete" else 2  # generator rows per example, and the posterior's
         return BYTES_PER_PARAMETER * _parameters(cfg) + BYTES_PER_ACTIVATION * cfg.train.batch_size * rows * m.max_len * m.d_model * m.n_layers
@@ -370,7 +373,7 @@ def run_placed(needs: list[float],     # each pack's memory estimate, GiB, in th
     if bad := [n for n in needs if not (isinstance(n, (int, float)) and math.isfinite(n) and n > 0)]: raise ValueError(f"every pack needs a positive, finite memory estimate, got {bad[0]!r}")
     largest = max(placer.free)
     if needs and max(needs) > largest:
-        raise ValueError(f"a pack needs about {max(needs):.1f} GiB, more than a device's {largest:.1f} GiB budget: give a smaller --group-size")
+        raise ValueError(f"a pack needs about {max(needs):.1f} GiB, more than a device's {largest:.1f} GiB budget: give a smaller --group-size (runs trained together), or on a backbone smaller micro-batches (train.grad_accum)")
     queue, running = list(range(len(needs))), {}
     while queue or running:
         while queue and len(running) < jobs and (device := placer.take(needs[queue[0]])) is not None:
@@ -512,8 +515,8 @@ def _execute(out: Path, preset: Preset, jobs: int, device: str, force: bool, pro
             bar = tqdm(total=len(specs), desc="runs", disable=not progress)
             ready = lambda pack: all(usable[specs[i].shared_base] for i in pack)
             if n_gpu:  # a pack starts only where its memory estimate fits beside those running (pack_memory_gib)
-                budgets = cuda_budgets_gib()  # a backbone's memory is not modelled (nothing measured it): its cell takes a device's whole budget
-                needs = [min(budgets) if hasattr(specs[pack[0]].config, "backbone") else pack_memory_gib([specs[i].config for i in pack]) for pack in packs]
+                budgets = cuda_budgets_gib()
+                needs = [pack_memory_gib([specs[i].config for i in pack]) for pack in packs]
                 def submit(k, d):
                     return pool.submit(run_pack, out, [specs[i] for i in packs[k]], f"cuda:{d}", force, compile, tensorboard) if ready(packs[k]) else _no_records()
                 for k, f in run_placed(needs, DevicePlacer(budgets), submit, jobs): records.update(zip(packs[k], f.result())); bar.update(len(packs[k]))

@@ -19,7 +19,7 @@ from .tasks import Task
 
 # %% auto #0
 __all__ = ['PRESETS', 'SIZE_FIELDS', 'check_preset', 'with_arm', 'Preset', 'RunSpec', 'cell_overrides', 'backbone_changes',
-           'backbone_tag', 'with_backbone', 'size_tag', 'plan', 'plan_cost']
+           'backbone_tag', 'with_backbone', 'size_tag', 'check_backbone_given', 'plan', 'plan_cost']
 
 # %% ../nbs/10e_presets.ipynb #f6765ca6
 def check_preset(p):  # the Preset being built (its class is defined below, in the cell that calls this)
@@ -45,8 +45,8 @@ def check_preset(p):  # the Preset being built (its class is defined below, in t
     if unset := [k for k, v in p.knobs.items() if v is None]: raise ValueError(f"preset {p.name}: knobs {', '.join(unset)} have no value (an arm unsets one with None)")
     try: coordinate_key(p.knobs)
     except ValueError as e: raise ValueError(f"preset {p.name}: {e}") from None
-    if p.backbone is not None:  # a Hugging Face backbone's runs: what they cannot do is refused before any cell is planned
-        if not isinstance(p.backbone, str): raise ValueError(f"preset {p.name}: backbone must be a directory's path, got {p.backbone!r}")
+    if p.backbone is not None or p.needs_backbone:  # a Hugging Face backbone's runs: what they cannot do is refused before any cell is planned
+        if not isinstance(p.backbone, (str, type(None))): raise ValueError(f"preset {p.name}: backbone must be a directory's path, got {p.backbone!r}")
         if p.taus: raise ValueError(f"preset {p.name}: tau needs the break-even beta*, which a run on a backbone does not compute; give betas")
         if p.latents != ("discrete",): raise ValueError(f"preset {p.name}: a run on a backbone has a discrete latent only")
         if p.model is not None or p.base_strategy_draws is not None: raise ValueError(f"preset {p.name}: model and base_strategy_draws size the small transformer's base, not a backbone's")
@@ -101,6 +101,7 @@ class Preset:
     backbone: str | None = None          # a Hugging Face causal LM's directory: every cell adapts from a base fine-tuned from it on the task
                                          # (base_steps: its fine-tuning steps; None: the package's default), its name in every key; None: the
                                          # task's small transformer
+    needs_backbone: bool = False         # sized for a language model that the command names (--backbone DIR): planned without one, refused
 
     def __post_init__(self):
         check_preset(self)
@@ -301,6 +302,23 @@ PRESETS.update({
                           {"posteriors": ("amortized",), "taus": (0.07,), "seeds": tuple(range(10)), "cvae_steps": 2000, "evals": 20})),
 })
 
+# %% ../nbs/10e_presets.ipynb #2461912b
+# The study on a language model, sized for one GPU and a backbone of Qwen2.5-0.5B's size with LoRA (rank 8 on every linear map); nothing of
+# it has run here (no GPU). Memory, counted from that configuration on the CPU (backbone_memory_bytes, float32 activations, below): 18 to 29
+# GiB a cell at 16 examples a step and 60 to 100 tokens a row, so two or three cells share an 80 GB device's 90 %. LoRA of rank 8 is the
+# package's default adaptation. Predictions, written before
+# it runs: 1. dist - cELBO at equal beta > 0 in controlled alignment on sorting across the 3 bases (the rescaling finding on the small
+# transformer's bases); 2. J_theta - dist unresolved on every task, as on the small transformer; 3. each task's fine-tuned base passes the gate
+# after 1,000 full fine-tuning steps, or the sweep stops and says which (a failed base is never adapted from).
+PRESETS.update({
+    "paper-lm": Preset("paper-lm", ("theta", "dist", "celbo"), "the study's design on a language model the command names (--backbone DIR; "
+                       "sized for Qwen2.5-0.5B with LoRA on one GPU): J_theta, dist and the cELBO at beta 0.05 on three tasks, 3 fine-tuned "
+                       "bases x 2 seeds each", betas=(0.05,), seeds=(0, 1), base_seeds=(0, 1, 2), regimes=("sorting", "grid_pathfinding", "addition"),
+                       n_train=4096, n_eval=256, base_steps=1000, cvae_steps=1000, evals=10, batch_size=16, c_samples=1000, n_forced=64,
+                       needs_backbone=True),
+})
+
+
 # %% ../nbs/10e_presets.ipynb #a30e8233
 @dataclass(frozen=True)
 class RunSpec:
@@ -380,9 +398,16 @@ def size_tag(preset: Preset,  # the preset
     def shown(v): return f"_d{v.d_model}l{v.n_layers}h{v.n_heads}f{v.d_ff}" if isinstance(v, ModelConfig) else f"{v}"
     return "".join(f"-{f}{shown(getattr(armed, f))}" for f in SIZE_FIELDS if getattr(armed, f) != getattr(preset, f))
 
+def check_backbone_given(preset: Preset):
+    "Refuse a preset sized for a language model (`needs_backbone`) that names none, saying how to name it."
+    if preset.needs_backbone and preset.backbone is None:
+        raise ValueError(f"preset {preset.name} is sized for a language model: name its directory, basedirected-repro --preset {preset.name} --backbone DIR "
+                         "(with_backbone in Python)")
+
 def plan(preset: Preset,  # a preset (its grid and arms)
         ) -> list[RunSpec]:
     "Every run of `preset` (its grid, then each arm's), in a stable order; a cell an arm shares with the grid or an earlier arm (the same key and command) is run once, an arm that changes only sizes gets keys of its own, and an arm whose cell would repeat a key with another configuration is refused by name."
+    check_backbone_given(preset)
     specs = {s.key: (s, "the grid") for s in _grid(preset)}
     for i, arm in enumerate(preset.arms):
         armed = with_arm(preset, arm)

@@ -17,7 +17,7 @@ from .config import OneLineParser, add_dataclass_options, dataclass_from_args
 from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, earlier_collection, preset_from_record, read_records, submit_sweep
 from .collection import SweepDir, base_dir
 from .experiments import earlier_cells, execute, finished, seed_bases
-from .presets import PRESETS, backbone_tag, plan, with_backbone
+from .presets import PRESETS, backbone_tag, check_backbone_given, plan, with_backbone
 from .reports import answer_text, compare_collections, headline_text, comparison_text, write_reports
 from .runs import atomic_write_bytes, check_writable, read_json, read_table
 from .machine import environment_record, resolve_device
@@ -228,6 +228,8 @@ def _checked_args(p: argparse.ArgumentParser, a: argparse.Namespace,  # `repro_p
         if recorded != a.preset: p.error(f"--preset {a.preset}: the sweep in {a.out} was made with preset {recorded} (--collect reads it from preset.json; drop --preset)")
     a.preset = a.preset or "rescaling-one-seed"
     if a.backbone is not None: _checked_backbone(p, a)
+    try: check_backbone_given(_preset_of(a))  # before the output directory is made
+    except ValueError as e: p.error(str(e))
     if a.out is not None and not a.out.strip(): p.error("--out must name a directory, got an empty string")
     try: cluster = dataclass_from_args(ClusterConfig, a)
     except ValueError as e: p.error(str(e))

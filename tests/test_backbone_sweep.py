@@ -58,3 +58,8 @@ def test_the_command_refuses_what_a_backbone_cannot_run(backbone, tmp_path, caps
         assert e.value.code == 2 and len(err) == 1 and says in err[0], err
     assert not (tmp_path / "out").exists()
     assert PRESETS["rescaling-one-seed"].backbone is None  # the presets themselves are the small transformer's
+    # a preset sized for a language model needs one: without --backbone it is refused, naming the option
+    with pytest.raises(SystemExit) as e: repro_main(["--preset", "paper-lm", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "sized for a language model" in err[0] and "--backbone DIR" in err[0], err
+    assert not (tmp_path / "out").exists()

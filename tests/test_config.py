@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from basedirected.config import build_parser, config_from_args
-from basedirected.presets import PRESETS, plan
+from basedirected.config import build_parser, config_from_args, hf_config_from_args
+from basedirected.presets import PRESETS, plan, with_backbone
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ROOT / "tests" / "data" / "preset_keys.json"  # each preset's cell keys when this test was written: count, digest, first and last
@@ -21,16 +21,23 @@ def _collections():
         yield summary.parent, preset["name"] if isinstance(preset, dict) else preset
 
 
+def _planned(name: str) -> list:
+    "A preset's cells; one sized for a language model on a backbone directory of that model's name (read when a cell runs, never when planned)."
+    preset = PRESETS[name]
+    return plan(with_backbone(preset, "/models/Qwen2.5-0.5B") if preset.needs_backbone else preset)
+
+
 def key_record(name: str) -> dict:
-    keys = [s.key for s in plan(PRESETS[name])]
+    keys = [s.key for s in _planned(name)]
     return {"cells": len(keys), "sha256": hashlib.sha256("\n".join(keys).encode()).hexdigest(), "first": keys[0], "last": keys[-1]}
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_cell_of_every_preset_is_the_command_that_trains_it(name):
     parser = build_parser()
-    for spec in plan(PRESETS[name]):
-        assert config_from_args(parser.parse_args(list(spec.argv))) == spec.config, spec.key
+    from_args = hf_config_from_args if PRESETS[name].needs_backbone else config_from_args  # basedirected-train's two resolvers
+    for spec in _planned(name):
+        assert from_args(parser.parse_args(list(spec.argv))) == spec.config, spec.key
         assert spec.config.objective in (spec.objective, "custom"), spec.key
 
 
