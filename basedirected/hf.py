@@ -30,8 +30,8 @@ from .backbone import (EncodedPairs, HFCausalLM, HFReference, HFVocab, PairRecor
 from .base import SurprisalCache, sample_responses, response_budget
 from .fine_tuning import base_key, check_saved_base, prepare_fine_tuned_base
 from .cvae import CVAEConfig, DiscreteCVAE, posterior_forward, router_logits
-from .metrics import (alignment_record, code_perplexity, entropy, generation_scores, information_gain,
-                                  latent_information, marginal_nll, strategy_information)
+from .metrics import (alignment_record, code_perplexity, departure, entropy, generation_scores, information_gain,
+                                  latent_information, marginal_nll, strategy_information, validity_by_code, within_input_information)
 from .objective import ReconstructionLossConfig
 from .runs import Run, RunDir, atomic_write_json, check_run_dir, check_run_files, exclusive_run_dir, load_checkpoint, load_trained_state, read_json, read_reference_scale, write_run_record
 from .machine import barrier, distributed_setup, gather_floats, torchrun_place
@@ -42,9 +42,9 @@ from .train import check_batch_split, complete, fit, plan_text, run_record
 
 # %% auto #0
 __all__ = ['MOVED_TO_BACKBONE', 'HARMLESS_LIBRARY_WARNINGS', 'WEIGHT_FILES', 'LOADER', 'build_hf_cvae', 'hf_reference',
-           'build_optimizers', 'hf_reference_scale', 'hf_metrics', 'hf_generation_metrics', 'check_hf_inputs',
-           'check_backbone', 'check_task_data', 'prepare_hf_run', 'load_hf_run', 'hf_run_plan', 'hf_run',
-           'hf_run_metrics', 'model_card', 'export_run', 'stale_partials']
+           'build_optimizers', 'hf_reference_scale', 'hf_metrics', 'hf_generation_metrics',
+           'hf_within_input_information', 'check_hf_inputs', 'check_backbone', 'check_task_data', 'prepare_hf_run',
+           'load_hf_run', 'hf_run_plan', 'hf_run', 'hf_run_metrics', 'model_card', 'export_run', 'stale_partials']
 
 # %% ../nbs/10a_hf.ipynb #152c1c19
 MOVED_TO_BACKBONE = ("LAYOUT_SPECIALS", "save_tiny_backbone", "init_new_embeddings", "encode_examples", "context_length", "task_examples")
@@ -151,7 +151,7 @@ def hf_metrics(model: DiscreteCVAE,             # a trained CVAE
                batch_size: int = 64) -> dict:
     "The metrics that need no checker: rate, $I(z;x,y)$, code use, information gain per token and per position, marginal NLL vs base; $I(z;s)$ where strategies are known."
     model.eval()
-    parts = {k: [] for k in ("rate", "distortion", "base", "q", "r")}
+    parts = {k: [] for k in ("rate", "distortion", "base", "q", "r", "tokens")}
     gain, count = torch.zeros(cache.values.shape[1]), torch.zeros(cache.values.shape[1])
     for i in range(0, len(rows), batch_size):
         idx = torch.arange(i, min(i + batch_size, len(rows)))
@@ -159,7 +159,7 @@ def hf_metrics(model: DiscreteCVAE,             # a trained CVAE
         out = posterior_forward(model, rows.select(idx), b.to(rows.device), mask.to(rows.device), c_ref, loss, beta)
         nll, n = out.nll.float().cpu() * mask, mask.sum(-1)
         parts["rate"].append(out.kl.cpu()); parts["distortion"].append(nll.sum(-1) / n); parts["base"].append((b * mask).sum(-1) / n)
-        parts["q"].append(out.q.cpu()); parts["r"].append(out.r.cpu())
+        parts["q"].append(out.q.cpu()); parts["r"].append(out.r.cpu()); parts["tokens"].append(n.cpu().float())
         gain[:b.shape[1]] += ((b - nll) * mask).sum(0); count[:b.shape[1]] += mask.sum(0)
     p = {k: torch.cat(v) for k, v in parts.items()}
     m = {"rate": p["rate"].mean().item(), "distortion": p["distortion"].mean().item(), "base": p["base"].mean().item(),
@@ -172,7 +172,10 @@ def hf_metrics(model: DiscreteCVAE,             # a trained CVAE
                  **alignment_record(counts, None, "posterior"))
     n = min(len(rows), 256)  # the marginal NLL runs all n rows at once
     m.update(marginal_nll(model, rows.select(torch.arange(n)), cache.subset(n)))
-    m["drift"] = m["marginal_nll"] - m["base_nll"]
+    T = p["tokens"]  # response tokens (with </y>) in the backbone's tokenizer
+    pooled = (p["distortion"][:n] * T[:n]).sum().item() / T[:n].sum().item()  # the distortion per token of the rows the marginal NLL read
+    m.update(drift=m["marginal_nll"] - m["base_nll"], gain_z=m["marginal_nll"] - pooled,
+             T_y_mean=T.mean().item(), T_y_min=T.min().item(), T_y_max=T.max().item(), inv_T_y_mean=(1 / T).mean().item())
     return m
 
 # %% ../nbs/10a_hf.ipynb #b712bbb0
@@ -198,11 +201,37 @@ def hf_generation_metrics(model: DiscreteCVAE,          # a CVAE on a Hugging Fa
     z = torch.multinomial(torch.softmax(router_logits(model, routed_exs), -1).cpu(), 1, generator=torch.Generator().manual_seed(seed)).squeeze(-1)
     routed = checks(routed_idx, decode(routed_idx, [model.codes[k] for k in z], seed))
     forced_idx = list(range(min(n_forced, len(examples))))
-    forced, traces = [], []
+    forced, traces, departures = [], [], []
     for k, code in enumerate(model.codes):
         ys = decode(forced_idx, [code] * len(forced_idx), seed + 1 + k)
         forced.append(checks(forced_idx, ys)); traces.append(ys)
-    return {**generation_scores(routed, forced, len(task.strategies), traces, seed), "n_forced_inputs": len(forced_idx)}  # the inputs used
+        departures.append([departure(task, task_input(records[i].prompt), y) for i, y, c in zip(forced_idx, ys, forced[-1]) if not c.valid])
+    return {**generation_scores(routed, forced, len(task.strategies), traces, seed), **validity_by_code(forced, departures),
+            "n_forced_inputs": len(forced_idx)}  # the inputs used
+
+# %% ../nbs/10a_hf.ipynb #bd3cbd09
+@torch.no_grad()
+def hf_within_input_information(model: DiscreteCVAE,             # a trained CVAE on a Hugging Face backbone
+                                reference: HFReference,          # its frozen base: b_t of every trace
+                                vocab: HFVocab,
+                                records: list[PairRecord],       # held-out records (their distinct inputs are used)
+                                task,                            # renders every strategy's trace of an input
+                                c_ref: float, loss: ReconstructionLossConfig, beta: float,  # the exact posterior's
+                                n_inputs: int = 128,             # distinct inputs used, the first ones
+                                seed: int = 0,                   # seeds the traces' rendering
+                                batch_size: int = 64) -> dict:
+    "$I(z;s|x)$ and its share of $H(s|x)$ on a backbone: every strategy's trace of each held-out input, as text, through the model's posterior."
+    import random
+    rng, S = random.Random(seed), len(task.strategies)
+    xs = list(dict.fromkeys(task_input(r.prompt) for r in records))[:n_inputs]
+    exs, _ = pairs_to_examples(vocab, task_records(task, [Example(x, task.render(x, s, rng), s) for x in xs for s in range(S)]), task.strategies)
+    rows, q = EncodedPairs(vocab, exs, next(model.parameters()).device), []
+    for i in range(0, len(exs), batch_size):
+        part = rows.select(torch.arange(i, min(i + batch_size, len(exs))))
+        b, mask = reference.response_surprisal(getattr(part, reference.layout))
+        q.append(posterior_forward(model, part, b, mask, c_ref, loss, beta).q.cpu())
+    return within_input_information(torch.cat(q).view(len(xs), S, -1), torch.tensor([task.strategy_prior(x) for x in xs], dtype=torch.float64))
+
 
 # %% ../nbs/10a_hf.ipynb #498f52bd
 def check_hf_inputs(config: HFRunConfig,
@@ -394,8 +423,10 @@ def hf_run_metrics(run: Run,    # a trained run on a Hugging Face backbone
     if config.task is not None:  # the task's checker reads generations under the router and under each forced code
         data, eval_data = run_data(run.dir, config)
         records = read_pairs(eval_data or data)[:config.n_eval]
-        m.update({f"gen_{k}": v for k, v in hf_generation_metrics(run.model, run.vocab, run.held_out, records, make_task(config.task, config.regime),
+        task = make_task(config.task, config.regime)
+        m.update({f"gen_{k}": v for k, v in hf_generation_metrics(run.model, run.vocab, run.held_out, records, task,
                                                                    config.metrics.n_routed, config.metrics.n_forced, seed=config.seed).items()})
+        m.update(hf_within_input_information(run.model, run.reference, run.vocab, records, task, run.c_ref, config.loss, beta, seed=config.seed))
     m["eval_split"] = "eval_data" if config.eval_data or config.data is None else "train"
     name, sha = Path(config.backbone).name, None  # the backbone as it is: named by its directory, its weights not hashed
     if config.fine_tune.steps:  # the fine-tuned base: its weights' sha256, recorded when it was saved

@@ -29,8 +29,8 @@ __all__ = ['ALIGNMENT_RULES', 'NULL_SAMPLES', 'SETTLE_WINDOW', 'SETTLE_TOLERANCE
            'information_gain', 'code_semantics', 'matched_records', 'alignment_score', 'alignment_one_to_one',
            'alignment_many_to_one', 'contingency_tables', 'permutation_tables', 'alignment_null', 'alignment_record',
            'posterior_meaning', 'mean_record', 'generation_scores', 'departure', 'validity_by_code',
-           'generation_metrics', 'within_input_strategy_information', 'marginal_nll', 'settling', 'settled_strictly',
-           'stopping_verdicts', 'evaluate_model']
+           'generation_metrics', 'within_input_strategy_information', 'within_input_information', 'marginal_nll',
+           'settling', 'settled_strictly', 'stopping_verdicts', 'evaluate_model']
 
 # %% ../nbs/08_metrics.ipynb #20e5e798
 def entropy(p: torch.Tensor,   # probabilities, summing to 1 along `dim`
@@ -458,8 +458,14 @@ def within_input_strategy_information(model: DiscreteCVAE,      # a trained disc
     xs = list(dict.fromkeys(e.x for e in examples))[:n_inputs]
     exs = [Example(x, task.render(x, s, rng), s) for x in xs for s in range(S)]
     b, mask = reference.response_surprisal(collate(model.vocab, exs).to(next(model.parameters()).device))
-    q = posterior_forward(model, exs, b, mask, c_ref, loss or ReconstructionLossConfig.celbo(), beta).q.double().cpu().view(len(xs), S, -1)
-    prior = torch.tensor([task.strategy_prior(x) for x in xs], dtype=torch.float64)  # (N, S)
+    q = posterior_forward(model, exs, b, mask, c_ref, loss or ReconstructionLossConfig.celbo(), beta).q.view(len(xs), S, -1)
+    return within_input_information(q, torch.tensor([task.strategy_prior(x) for x in xs], dtype=torch.float64))
+
+def within_input_information(q: torch.Tensor,      # (N, S, K): the posterior over codes of input n's trace under strategy s
+                             prior: torch.Tensor,  # (N, S): each input's strategy prior p(s|x)
+                            ) -> dict[str, float]: # I_zs_given_x (nats) and I_zs_given_x_norm
+    "$I(z;s|x)$ averaged over the inputs, and its share of $H(s|x)$, from every strategy's trace of each input scored through the posterior."
+    q, prior = q.double().cpu(), prior.double().cpu()
     joint = prior[:, :, None] * q                                                       # p(s, k | x)
     marg = joint.sum(1, keepdim=True)                                                   # p(k | x)
     mi = (joint * (q.clamp_min(1e-30).log() - marg.clamp_min(1e-30).log())).sum((1, 2))
