@@ -17,7 +17,7 @@ from .conventions import (NEGATIVE_SURPRISAL_TOLERANCE, check_batch, masked_fill
 
 # %% auto #0
 __all__ = ['SURPRISAL_CHUNK_ELEMENTS', 'token_surprisal', 'prepare_surprisal', 'base_mean', 'ReferenceScale',
-           'estimate_reference_scale']
+           'estimate_reference_scale', 'surprisal_profile']
 
 # %% ../nbs/01_surprisal.ipynb #b7d6b4c6
 SURPRISAL_CHUNK_ELEMENTS = 2**26  # float32 log-probabilities one piece of `token_surprisal` may hold (256 MiB)
@@ -86,3 +86,17 @@ def estimate_reference_scale(base_means: torch.Tensor, # per-example b_theta, (N
     value = x.mean().item()
     if value <= 0: raise ValueError("base_means are all zero: the base model is certain of every response, c_theta is undefined")
     return ReferenceScale(value, x.std(unbiased=True).item() / math.sqrt(x.numel()), x.numel(), source)
+
+# %% ../nbs/01_surprisal.ipynb #7dad1e84
+def surprisal_profile(b: torch.Tensor,  # response-token surprisals b_t (nats), any shape: pooled
+                     ) -> dict[str, float]:  # b_mean (nats), b_cv, b_top10_share
+    "How uneven a base's surprisal is: the mean of $b_t$, its coefficient of variation and the share of the total on the top tenth of the tokens (see above)."
+    b = b.detach().double().flatten().cpu()
+    if b.numel() < 2: raise ValueError(f"a surprisal profile needs at least 2 tokens, got {b.numel()}")
+    if not bool(torch.isfinite(b).all()): raise ValueError("a surprisal profile needs finite b_t: some are NaN or infinite")
+    b = b.clamp_min(0.0)  # a probability rounded above 1 gives -1e-7
+    total = b.sum()
+    if total <= 0: raise ValueError("every b_t is 0: a base certain of every token has no profile")
+    top = torch.topk(b, math.ceil(b.numel() / 10)).values.sum()
+    return {"b_mean": b.mean().item(), "b_cv": (b.std(unbiased=False) / b.mean()).item(), "b_top10_share": (top / total).item()}
+

@@ -32,6 +32,7 @@ from .pretrained import file_sha256
 from .runs import Run, RunDir, atomic_torch_save, atomic_write_json, base_source, exclusive_run_dir, load_checkpoint, load_trained_state, prepare_run, read_json, read_log, recorded_shipped_base, run_vocab, trained_state, truncate_log
 from .machine import barrier, environment_record, gather_floats, shard_indices, torchrun_place, use_numerics
 from .config import RunConfig, TrainConfig, renamed_keyword
+from .surprisal import surprisal_profile
 from .tasks import batch_indices, break_even_beta
 
 # %% auto #0
@@ -527,18 +528,21 @@ def run_record(run: Run,                # a trained run, any backbone
                task: str | None,        # the task's name (None: a run on exported data without one)
                gate: dict | None,       # the base's quality gate (None: none was measured)
               ) -> dict:
-    "What every run's `metrics.json` records whatever its backbone, under one set of names, so that the reports read runs of both backbones side by side: the run's coordinates, its base, $\\widehat c_\\theta$, the held-out rate at a third and two thirds of the run, both stopping rules, the base's gate and the final held-out terms."
+    "What every run's `metrics.json` records whatever its backbone, under one set of names, so that the reports read runs of both backbones side by side: the run's coordinates, its base, $\\widehat c_\\theta$ and the base's surprisal profile on the held-out responses (`surprisal_profile`), the held-out rate at a third and two thirds of the run, both stopping rules, the base's gate and the final held-out terms."
     cfg = run.config
     scales = read_json(run.dir.scale)
     log = [r for r in run.log() if r["split"] == "eval"]
     evals = {r["step"]: r["kl"] for r in log}  # how fast z escaped: held-out rate over training
     rate_at = lambda step: next((evals[k] for k in sorted(evals, reverse=True) if k <= step), None)  # the last held-out rate by `step`
     third = max(cfg.train.steps // 3, 1)
+    held = run.eval_cache
+    profile = surprisal_profile(held.values.cpu()[torch.arange(held.values.shape[1])[None, :] < held.lengths.cpu()[:, None]])
     gates = {} if gate is None else {**{f"gate_{k}{s}": gate[k + s] for k in ("answer_only_accuracy", "valid_rate", "answer_accuracy") for s in ("", "_n", "_lo", "_hi")},
                                      **{f"gate_{k}": gate[k] for k in ("strategy_gap", "surprisal_excess")}, "gate_passes": float(gate["passes"])}
     return {"task": task, "objective": cfg.objective, "seed": cfg.seed, "beta_effective": run.kl_weight(cfg.train.steps),
             "base_name": base_name, "base_sha256": base_sha256, "base_seed": base_seed,
             "c_model": scales["model"]["value"] if "model" in scales else None, "c_data": scales["data"]["value"], "tau_target": cfg.train.tau,
+            **{f"base_{k}": v for k, v in profile.items()},
             "rate_at_1_3": rate_at(third), "rate_at_2_3": rate_at(2 * third), **_settling(log, cfg.train.steps), **gates, **{f"eval_{k}": v for k, v in final.items()}}
 
 def run_metrics(run: Run,             # a trained run
