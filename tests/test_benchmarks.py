@@ -63,3 +63,17 @@ def test_fine_tuned_base_script_writes_the_gate_and_its_time(tmp_path):
     assert figures["steps"] == 3 and figures["seconds"] > 0 and figures["gate"]["n_inputs"] == 8
     assert set(figures["gate"]) >= {"answer_only_accuracy", "valid_rate", "strategy_gap", "surprisal_excess", "passes"}
     assert "gate:" in p.stdout
+
+
+def test_base_profiles_script_gives_the_committed_profile_of_a_shipped_base(tmp_path):
+    "One shipped base's profile again, as reference/base-profiles/ holds it (to round-off: the figures are means over a few thousand tokens)."
+    import csv
+    out = tmp_path / "profiles.csv"
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "base_profiles.py"), "--bases", "sorting-s0", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    (row,) = list(csv.DictReader(open(out)))
+    committed = next(r for r in csv.DictReader(open(ROOT / "reference" / "base-profiles" / "profiles.csv")) if r["base"] == "sorting-s0")
+    assert row["tokens"] == committed["tokens"] and row["task"] == committed["task"] == "sorting"
+    for k in ("b_mean", "b_cv", "b_top10_share"): assert abs(float(row[k]) - float(committed[k])) <= 1e-5 * abs(float(committed[k])), k
+    assert "sorting-s0" in p.stdout and "top-10 % share" in p.stdout

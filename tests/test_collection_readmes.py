@@ -109,3 +109,20 @@ def test_the_entropy_readme_is_its_sweep_log_and_its_presets_estimate():
     assert summary["revisions"] == [trained["git_revision"]] and not trained["git_dirty"] and not collected["git_dirty"]  # one clean revision
     assert "Intel" in trained["cpu"] and "Xeon" in trained["cpu"] and trained["cpu_count"] == 2 and summary["cpus"] == [trained["cpu"]]
     assert "Every run is from one clean revision on one 2-core Intel Xeon" in text
+
+
+def test_the_base_profiles_readme_says_what_its_csv_holds():
+    import csv
+    rows = {r["base"]: {k: float(v) for k, v in r.items() if k not in ("base", "task")} for r in csv.DictReader(open(REF / "base-profiles" / "profiles.csv"))}
+    from basedirected.pretrained import catalogue
+    assert set(rows) == set(catalogue())  # every shipped base
+    text = _readme("base-profiles")
+    task_bases = [r for name, r in rows.items() if not name.startswith("visiting_order")]
+    assert len(task_bases) == 6 and "the six bases" in text
+    lo, hi = min(r["b_top10_share"] for r in task_bases), max(r["b_top10_share"] for r in task_bases)
+    assert f"{lo:.3f} to {hi:.3f}" in text
+    assert f"CV {min(r['b_cv'] for r in task_bases):.2f} to {max(r['b_cv'] for r in task_bases):.2f}" in text
+    vo = rows["visiting_order-early-s0"]
+    assert f"{vo['b_top10_share']:.3f} (CV {vo['b_cv']:.2f})" in text
+    (minutes, seconds), = re.findall(r"^real\s+(\d+)m([\d.]+)s", (REF / "base-profiles" / "run.log").read_text(), re.M)
+    assert all(r["n_eval"] == 512 for r in rows.values()) and f"in {60 * int(minutes) + float(seconds):.1f} s by the shell's `time`" in text
