@@ -176,7 +176,7 @@ def test_two_processes_follow_the_one_process_trajectory(data, tmp_path):
     script = tmp_path / "entry.py"
     script.write_text("import sys\nfrom basedirected.cli import hf_train_main\nsys.exit(hf_train_main(sys.argv[1:]))\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533", str(script)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]  # a free port, bound by the launcher
     p = subprocess.run(cmd + _args(d, tmp_path / "two", *extra, "--stop-after", "4"), env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     two = read_log(tmp_path / "two" / "log.jsonl")
@@ -464,7 +464,7 @@ def test_two_processes_with_grad_accum_follow_the_one_process_whole_batch_trajec
     assert hf_train_main(_args(d, tmp_path / "one", *extra)) == 0
     script = tmp_path / "entry.py"
     script.write_text("import sys\nfrom basedirected.cli import hf_train_main\nsys.exit(hf_train_main(sys.argv[1:]))\n")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29537", str(script)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
     p = subprocess.run(cmd + _args(d, tmp_path / "two", *extra, "--grad-accum", "2"), env={**os.environ, "OMP_NUM_THREADS": "1"},
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -6,7 +6,6 @@ import fcntl
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -91,15 +90,11 @@ def straight(entry, tmp_path_factory):
     return run
 
 
-def _free_port():
-    with socket.socket() as s: s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
-
-
 def command(entry, stepper, run_dir, *extra):
     "The command that trains `run_dir` under `stepper`."
     if stepper == "sharded":
-        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-                str(entry), "sharded", str(run_dir), *TINY, *extra]
+        # --standalone: the launcher binds a free port itself and keeps it (a port picked here and released could be taken before it binds)
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(entry), "sharded", str(run_dir), *TINY, *extra]
     return [sys.executable, str(entry), stepper, str(run_dir), *TINY, *extra]
 
 
