@@ -19,7 +19,8 @@ from .conventions import with_defaults
 # %% auto #0
 __all__ = ['BASE_FILES', 'base_key', 'same_recipe', 'base_key_shape', 'recipe_differences', 'PretrainedBase', 'catalogue_dir',
            'catalogue', 'pretrained_for', 'check_pretrained', 'file_sha256', 'shipped_name', 'verify_pretrained',
-           'install_pretrained', 'add_to_catalogue', 'catalogue_table']
+           'install_pretrained', 'add_to_catalogue', 'ShippedLM', 'lm_catalogue_dir', 'shipped_lms',
+           'verify_shipped_lm', 'backbone_directory', 'add_lm_to_catalogue', 'catalogue_table']
 
 # %% ../nbs/06b_pretrained.ipynb #10ca7d68
 def base_key(config,  # a RunConfig (its base, data seed, task and n_train)
@@ -167,6 +168,68 @@ def add_to_catalogue(source: Path,            # a directory holding a base's thr
     listed = [{k: v for k, v in asdict(b).items() if k != "root"} for b in bases.values()] + [entry]
     (root / "catalogue.json").write_text(json.dumps({"bases": listed}, indent=1) + "\n")
     return catalogue(root)[name]
+
+# %% ../nbs/06b_pretrained.ipynb #35ed2536
+@dataclass(frozen=True)
+class ShippedLM:
+    "A language model shipped with the package."
+    name: str                                  # how a run asks for it (--backbone NAME)
+    sha256: dict                               # file name -> SHA-256 of its bytes, for every file of its directory
+    about: str = ""                            # one line: what it is
+    root: Path | None = None                   # the catalogue's directory (None: the package's)
+
+    @property
+    def path(self) -> Path: return (self.root or lm_catalogue_dir()) / self.name  # the directory from_pretrained reads
+
+def lm_catalogue_dir() -> Path:
+    "The package's catalogue of shipped language models (`basedirected/lms`)."
+    return Path(str(importlib.resources.files("basedirected") / "lms"))
+
+def shipped_lms(root: Path | None = None,  # a catalogue's directory (None: the package's)
+               ) -> dict[str, ShippedLM]:  # name -> model, in the catalogue's order
+    "The language models listed in `root/catalogue.json` (none where there is no catalogue)."
+    path = Path(root or lm_catalogue_dir()) / "catalogue.json"
+    if not path.is_file(): return {}
+    try: entries = json.loads(path.read_text())["lms"]
+    except (ValueError, KeyError, TypeError): raise ValueError(f"{path} is not a catalogue of language models (a JSON object with a list 'lms'); reinstall the package") from None
+    return {e["name"]: ShippedLM(**e, root=None if root is None else Path(root)) for e in entries}
+
+# %% ../nbs/06b_pretrained.ipynb #ea3ed44f
+def verify_shipped_lm(lm: ShippedLM) -> None:
+    "Refuse (`ValueError` naming the file) a file of `lm` that is missing or whose bytes differ from the catalogue's checksum."
+    for name, sha in lm.sha256.items():
+        p = lm.path / name
+        if not p.is_file(): raise ValueError(f"{p} is missing: the shipped language model {lm.name} has {len(lm.sha256)} files; reinstall the package")
+        if file_sha256(p) != sha: raise ValueError(f"{p} is not the shipped language model {lm.name}'s {name} (its checksum differs); reinstall the package")
+
+def backbone_directory(backbone: str,             # a model's directory, or a shipped language model's name
+                       root: Path | None = None,  # the language models' catalogue (None: the package's)
+                      ) -> str:                   # an absolute directory
+    "The directory a backbone names: an existing directory as it is (made absolute), or a shipped model's verified copy."
+    if Path(backbone).exists(): return str(Path(backbone).resolve())
+    lms = shipped_lms(root)
+    if backbone not in lms:
+        raise ValueError(f"backbone {backbone!r} is neither a directory nor a shipped language model (shipped: {', '.join(lms) or 'none'})")
+    verify_shipped_lm(lms[backbone])
+    return str(lms[backbone].path)
+
+# %% ../nbs/06b_pretrained.ipynb #daa36778
+def add_lm_to_catalogue(source: Path,              # a directory that save_pretrained wrote (and any records beside the weights)
+                        name: str,                 # its name in the catalogue
+                        about: str,                # one line: what it is
+                        root: Path | None = None,  # the catalogue's directory (None: the package's)
+                       ) -> ShippedLM:
+    "Copy a language model's directory into the catalogue under `name`, listing the checksum of every file; refused where the name is taken."
+    source, root = Path(source), Path(root or lm_catalogue_dir())
+    if not (source / "config.json").is_file(): raise ValueError(f"{source} has no config.json: not a directory save_pretrained wrote")
+    lms = shipped_lms(root)
+    if name in lms or (root / name).exists(): raise ValueError(f"the catalogue in {root} already has {name}")
+    shutil.copytree(source, root / name)
+    files = sorted(p.name for p in (root / name).iterdir() if p.is_file())
+    entry = {"name": name, "sha256": {f: file_sha256(root / name / f) for f in files}, "about": about}
+    listed = [{k: v for k, v in asdict(m).items() if k != "root"} for m in lms.values()] + [entry]
+    (root / "catalogue.json").write_text(json.dumps({"lms": listed}, indent=1) + "\n")
+    return shipped_lms(root)[name]
 
 # %% ../nbs/06b_pretrained.ipynb #1b32b641
 def catalogue_table(root: Path | None = None,  # a catalogue's directory (None: the package's)
