@@ -23,7 +23,7 @@ from .cvae import CODE_INIT_NOISE_WHY, CODES_WHY, COUPLING_READERS, MAX_CODE_INI
 from .weights import GAMMA_CEILING_WHY, MAX_GAMMA
 from .model import ModelConfig
 from .objective import BETA_SCHEDULES, OBJECTIVE_NAMES, ORIGINAL_FLAG_ALIASES, BetaSchedule, ReconstructionLossConfig, objectives
-from .pretrained import catalogue, check_pretrained
+from .pretrained import backbone_directory, catalogue, check_pretrained
 from .reconstruction import TERM_NAMES
 from .tasks import Task, make_task, task_class, task_from_dict
 from .visiting_order import REGIMES, VisitingOrder
@@ -302,7 +302,7 @@ def check_hf_run_config(c):  # the HFRunConfig being built (its class is defined
 @dataclass(frozen=True)
 class HFRunConfig:
     "Everything that determines a run on a Hugging Face backbone (the number of processes does not)."
-    backbone: str                           # directory of a causal LM and its tokenizer (save_pretrained); nothing is downloaded
+    backbone: str                           # directory of a causal LM and its tokenizer (save_pretrained), or a shipped one's name (austen-gpt2); nothing is downloaded
     data: str | None = None                 # training JSONL: prompt, response, optional strategy and answer (None: the task's own examples,
                                             # drawn from seed and written into the run directory)
     eval_data: str | None = None            # held-out JSONL (None: the first n_eval training records; with the task's own data, unseen inputs)
@@ -533,7 +533,7 @@ def resolve_hf_config(backbone: str,                         # a Hugging Face ca
     check_overrides(overrides, names)
     overrides = dict(overrides or {})
     if clash := sorted({"backbone", "data", "eval_data"} & set(overrides)): raise ValueError(f"give {', '.join(clash)} as arguments, not as overrides")
-    paths = {k: str(Path(v).resolve()) for k, v in (("backbone", backbone), ("data", data), ("eval_data", eval_data)) if v is not None}
+    paths = {k: str(Path(v).resolve()) for k, v in (("data", data), ("eval_data", eval_data)) if v is not None} | {"backbone": backbone_directory(backbone)}
     if data is None: overrides.setdefault("fine_tune.steps", FINE_TUNE_STEPS)  # an LM that never saw the task is no base for it
     custom = any(k.startswith("loss.lambda_") for k in overrides)
     loss, train = objective_training(objective, overrides.get("train.steps", TrainConfig().steps), alpha, gamma, refuse_unused=not custom)

@@ -15,6 +15,7 @@ from pathlib import Path
 from .model import ModelConfig
 from .runs import run_vocab
 from .config import HFRunConfig, RunConfig, command_argv, coordinate_key, coordinates, resolve_config, task_coordinates
+from .pretrained import backbone_directory
 from .tasks import Task
 
 # %% auto #0
@@ -382,10 +383,10 @@ def backbone_tag(backbone: str,  # a backbone's directory
     return re.sub(r"[^A-Za-z0-9.]+", "_", Path(backbone).name)
 
 def with_backbone(preset: Preset,  # a preset of the small transformer
-                  backbone: str,   # a Hugging Face causal LM's directory (save_pretrained)
+                  backbone: str,   # a Hugging Face causal LM's directory (save_pretrained), or a shipped one's name
                  ) -> Preset:
     "The same study on a backbone: every cell adapts from a base fine-tuned from `backbone` on its task (`basedirected-repro --backbone`)."
-    return dataclasses.replace(preset, backbone=str(Path(backbone).resolve()))
+    return dataclasses.replace(preset, backbone=backbone_directory(backbone))
 
 # %% ../nbs/10e_presets.ipynb #ae11107a
 SIZE_FIELDS = ("n_train", "n_eval", "model", "base_steps", "base_strategy_draws", "cvae_steps", "evals", "early_evals", "batch_size", "c_samples",

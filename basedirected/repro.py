@@ -18,6 +18,7 @@ from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, 
 from .collection import SweepDir, base_dir
 from .experiments import earlier_cells, execute, finished, seed_bases
 from .presets import PRESETS, backbone_tag, check_backbone_given, plan, with_backbone
+from .pretrained import backbone_directory
 from .reports import answer_text, compare_collections, headline_text, comparison_text, write_reports
 from .runs import atomic_write_bytes, check_writable, read_json, read_table
 from .machine import environment_record, resolve_device
@@ -163,7 +164,7 @@ def repro_parser() -> OneLineParser:
                    "searched: e.g. grid_pathfinding, or coupling1-base2), and the bases they adapt from; the others are named missing and are "
                    "left for a rerun without --only or a later sitting (--earlier)")
     p.add_argument("--backbone", default=None, metavar="DIR", help="run the preset on a Hugging Face causal LM saved in DIR (save_pretrained; "
-                   "nothing is downloaded): every cell adapts from a base fine-tuned from it on its task, shared by the cells of one base seed "
+                   "nothing is downloaded), or on a shipped one named DIR (austen-gpt2): every cell adapts from a base fine-tuned from it on its task, shared by the cells of one base seed "
                    "(the preset's base_steps are the fine-tuning steps), its name in every key; the preset must give betas (a backbone's runs have no beta*)")
     p.add_argument("--train-bases", action="store_true", help="pre-train every base here from its recipe, even where a base shipped with "
                    "the package was trained for it (by default the cells adapt from the shipped bases: basedirected.pretrained.catalogue())")
@@ -205,8 +206,10 @@ def _checked_reference(p: argparse.ArgumentParser, a: argparse.Namespace):
 
 # %% ../nbs/12b_repro.ipynb #c725d156
 def _checked_backbone(p: argparse.ArgumentParser, a: argparse.Namespace):
-    "--backbone: a directory holding a saved model, and a preset its runs can run (one line and exit status 2 where not)."
-    if not (Path(a.backbone) / "config.json").is_file(): p.error(f"--backbone {a.backbone} is not a directory holding a saved model (config.json)")
+    "--backbone: a directory holding a saved model or a shipped model's name, and a preset its runs can run (one line and exit status 2 where not)."
+    try: where = backbone_directory(a.backbone)
+    except ValueError as e: p.error(f"--backbone: {e}")
+    if not (Path(where) / "config.json").is_file(): p.error(f"--backbone {a.backbone} is not a directory holding a saved model (config.json)")
     try: _preset_of(a)
     except ValueError as e: p.error(f"--backbone: {e}")
 
