@@ -126,3 +126,28 @@ def test_the_base_profiles_readme_says_what_its_csv_holds():
     assert f"{vo['b_top10_share']:.3f} (CV {vo['b_cv']:.2f})" in text
     (minutes, seconds), = re.findall(r"^real\s+(\d+)m([\d.]+)s", (REF / "base-profiles" / "run.log").read_text(), re.M)
     assert all(r["n_eval"] == 512 for r in rows.values()) and f"in {60 * int(minutes) + float(seconds):.1f} s by the shell's `time`" in text
+
+
+def test_austen_sorting_readme_is_its_files():
+    "The first runs on a language model as the base: every figure of the table, and the revision, read from the run's files."
+    d, text = REF / "austen-sorting", _readme("austen-sorting")
+    row = {}
+    for name, run in (("trial", d / "trial-1000-steps"), ("run", d)):
+        g, m = json.loads((run / "base_gate.json").read_text()), json.loads((run / "metrics.json").read_text())
+        c = json.loads((run / "reference_scale.json").read_text())["model"]["value"]
+        row[name] = [f"{g['valid_rate']:.3f}", f"{g['answer_only_accuracy']:.3f}", f"{g['strategy_gap']:.3f}", f"{g['surprisal_excess']:.0%}".replace("%", " %"),
+                     f"{c:.3f}", f"{m['base_b_cv']:.2f} / {m['base_b_top10_share']:.3f}", f"{m['rate']:.2f}", f"{m['I_zs_given_x_norm']:.2f}",
+                     f"{m['gen_alignment_controlled_all']:.1%} ({m['gen_alignment_controlled_all_null']:.1%})".replace("%", " %")]
+        assert not g["passes"] and m["gate_passes"] == 0.0
+    for a, b in zip(row["trial"], row["run"]): assert f"| {a} | {b} |" in text, (a, b)
+    m = json.loads((d / "metrics.json").read_text())
+    assert m["git_revision"].startswith("72f3088") and not m["git_dirty"] and m["settled"] is False and "| yes | no: still moving at its last step |" in text
+    assert json.loads((d / "trial-1000-steps" / "metrics.json").read_text())["settled"] is True
+    assert json.loads((d / "fine_tune.json").read_text())["key"]["fine_tune"]["steps"] == 4000 and "--fine-tune-steps 4000 --n-train 8192" in (d / "command.txt").read_text()
+    assert re.search(r"in 1,516 s", text) and "1515.89 s wall" in (d / "run.log").read_text()
+    findings = (ROOT / "nbs" / "13_findings.ipynb").read_text()
+    g = json.loads((d / "base_gate.json").read_text())
+    assert f"valid traces {g['valid_rate']:.3f} after 4,000 steps" in findings and f"({m['base_b_top10_share']:.3f} of it on the top tenth of the tokens)" in findings
+    guide = (ROOT / "nbs" / "15_guide.ipynb").read_text()
+    trial = json.loads((d / "trial-1000-steps" / "base_gate.json").read_text())
+    assert f"after 1,000 steps on 2,048 examples (valid traces {trial['valid_rate']:.3f}) and after 4,000 steps on 8,192 (valid traces {g['valid_rate']:.3f}, answers {g['answer_only_accuracy']:.3f})" in guide
