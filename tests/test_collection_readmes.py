@@ -151,3 +151,29 @@ def test_austen_sorting_readme_is_its_files():
     guide = (ROOT / "nbs" / "15_guide.ipynb").read_text()
     trial = json.loads((d / "trial-1000-steps" / "base_gate.json").read_text())
     assert f"after 1,000 steps on 2,048 examples (valid traces {trial['valid_rate']:.3f}) and after 4,000 steps on 8,192 (valid traces {g['valid_rate']:.3f}, answers {g['answer_only_accuracy']:.3f})" in guide
+
+
+def narrated_rows(profile: dict) -> list[str]:
+    "The rows of austen-narrated's table, from its profile.json."
+    b, a = profile["before_fine_tuning"], profile["after_fine_tuning"]
+    rows = [("mean $b_t$ (nats)", "b_mean", "{:.2f}"), ("CV of $b_t$", "b_cv", "{:.2f}"), ("share on the top 10 % of tokens", "b_top10_share", "{:.3f}"),
+            ("mean $b_t$ on the trace's tokens", "mean_b_trace", "{:.2f}"), ("mean $b_t$ on the narration's tokens", "mean_b_narration", "{:.2f}"),
+            ("the trace's share of the total", "trace_share_of_total", "{:.3f}")]
+    return [f"| {name} | {f.format(b[k])} | {f.format(a[k])} |" for name, k, f in rows]
+
+
+def test_austen_narrated_readme_is_its_files():
+    "The narrated base's table, token counts and provenance, read from profile.json and tokens.csv."
+    import csv
+    d, text = REF / "austen-narrated", _readme("austen-narrated")
+    profile = json.loads((d / "profile.json").read_text())
+    for row in narrated_rows(profile): assert row in text, row
+    tokens = list(csv.DictReader(open(d / "tokens.csv")))
+    assert len(tokens) == profile["after_fine_tuning"]["trace_tokens"] + profile["after_fine_tuning"]["narration_tokens"]
+    assert sum(r["kind"] == "trace" for r in tokens) == profile["after_fine_tuning"]["trace_tokens"]
+    assert not profile["made"]["dirty"] and profile["steps"] == 2000 and profile["n_train"] == 2048 and profile["n_eval"] == 128
+    s, a = profile["seconds"], profile["after_fine_tuning"]
+    assert f"Made from {profile['made']['revision'][:7]}" in text and f"in {s['total']} s ({s['narration']} s sampling the narration, {s['fine_tuning']} s fine-tuning)" in text
+    assert f"({len(tokens):,}: {a['trace_tokens']:,} of the trace, {a['narration_tokens']:,} of the" in text
+    findings = (ROOT / "nbs" / "13_findings.ipynb").read_text()
+    assert f"top-10 % share {a['b_top10_share']:.3f}, the trace's tokens {a['trace_share_of_total']:.3f} of the total; one base, not gated" in findings
