@@ -205,11 +205,9 @@ def verify_shipped_lm(lm: ShippedLM) -> None:
 def backbone_directory(backbone: str,             # a model's directory, or a shipped language model's name
                        root: Path | None = None,  # the language models' catalogue (None: the package's)
                       ) -> str:                   # an absolute directory
-    "The directory a backbone names: an existing directory as it is (made absolute), or a shipped model's verified copy."
-    if Path(backbone).exists(): return str(Path(backbone).resolve())
+    "The directory a backbone names: a shipped model's verified copy, or any other path as it is (made absolute; read when a run loads it)."
     lms = shipped_lms(root)
-    if backbone not in lms:
-        raise ValueError(f"backbone {backbone!r} is neither a directory nor a shipped language model (shipped: {', '.join(lms) or 'none'})")
+    if Path(backbone).exists() or backbone not in lms: return str(Path(backbone).resolve())
     verify_shipped_lm(lms[backbone])
     return str(lms[backbone].path)
 

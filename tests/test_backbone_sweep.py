@@ -52,7 +52,7 @@ def test_a_preset_on_a_backbone_shares_one_fine_tuned_base_per_base_seed_and_its
 
 def test_the_command_refuses_what_a_backbone_cannot_run(backbone, tmp_path, capsys):
     for argv, says in ((["--preset", "quick"], "tau needs the break-even beta*"), (["--preset", "smoke"], "model and base_strategy_draws size the small transformer"),
-                       (["--preset", "rescaling-one-seed", "--backbone", str(tmp_path / "none")], "is neither a directory nor a shipped language model")):
+                       (["--preset", "rescaling-one-seed", "--backbone", str(tmp_path / "none")], "is not a directory holding a saved model")):
         with pytest.raises(SystemExit) as e: repro_main([*argv, *(["--backbone", str(backbone)] if "--backbone" not in argv else []), "--out", str(tmp_path / "out")])
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 2 and len(err) == 1 and says in err[0], err

@@ -157,7 +157,7 @@ def test_cli_metrics_and_exact_resume(data, tmp_path):
 def test_cli_refuses_bad_input(data, tmp_path, capsys):
     d, _, _ = data
     (tmp_path / "bad.jsonl").write_text(json.dumps({"prompt": "1", "response": "2"}) + "\n{\n")
-    for argv, message in ((_args(d, tmp_path / "r1")[:1] + [str(tmp_path / "nowhere")] + _args(d, tmp_path / "r1")[2:], "is neither a directory nor a shipped language model"),
+    for argv, message in ((_args(d, tmp_path / "r1")[:1] + [str(tmp_path / "nowhere")] + _args(d, tmp_path / "r1")[2:], "not a directory"),
                           (["--data", str(tmp_path / "bad.jsonl")], "line 2"), (["--K", "0"], "K must be an integer >= 1"), (["--batch-size", "100"], "fewer than the batch size")):
         if argv[0] != "--backbone": argv = _args(d, tmp_path / "r2") + argv
         with pytest.raises(SystemExit) as e: hf_train_main(argv)
