@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -69,6 +70,11 @@ def _checked(a: argparse.Namespace, world: int):
     return config, train
 
 # %% ../nbs/10b_cli.ipynb #6ab67e44
+def _interrupt_once(signum, frame):
+    "The first Ctrl-C: later ones are ignored from this instant, before it unwinds (a second one landing in an import's cleanup would print a traceback)."
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
 def train_main(argv: list[str] | None = None,  # the options (None: the command line's)
                prog: str = "basedirected-train",  # the command's name in its messages
               ) -> int:                          # 0; an error exits with status 2 and one line
@@ -79,6 +85,9 @@ def train_main(argv: list[str] | None = None,  # the options (None: the command 
     if prog == "basedirected-hf-train" and a.backbone is None: parser.error("the following arguments are required: --backbone, --data")
     rank, world = torchrun_place()
     main = rank == 0
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is threading.main_thread() and previous is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt_once)
     rd, held = RunDir(a.run_dir), contextlib.ExitStack()
     try:
         config, train = _checked(a, world)
@@ -103,6 +112,7 @@ def train_main(argv: list[str] | None = None,  # the options (None: the command 
         finally:
             if dist.is_initialized(): dist.destroy_process_group()
         if main: _report(rd, prog, args, final, time.perf_counter() - t0)  # still holding the directory
+    if signal.getsignal(signal.SIGINT) is _interrupt_once: signal.signal(signal.SIGINT, previous)  # a caller in this process gets its Ctrl-C back
     return 0
 
 # %% ../nbs/10b_cli.ipynb #8673e60c
