@@ -177,3 +177,15 @@ def test_austen_narrated_readme_is_its_files():
     assert f"({len(tokens):,}: {a['trace_tokens']:,} of the trace, {a['narration_tokens']:,} of the" in text
     findings = (ROOT / "nbs" / "13_findings.ipynb").read_text()
     assert f"top-10 % share {a['b_top10_share']:.3f}, the trace's tokens {a['trace_share_of_total']:.3f} of the total; one base, not gated" in findings
+
+
+def test_english_lm_retrain_readme_is_its_files():
+    "Retraining austen-gpt2 from its script on the same CPU type gave the shipped weights, byte for byte."
+    d, text = REF / "english-lm-retrain", _readme("english-lm-retrain")
+    shipped = json.loads((ROOT / "basedirected" / "lms" / "catalogue.json").read_text())["lms"][0]
+    assert shipped["name"] == "austen-gpt2" and (d / "model.safetensors.sha256").read_text().strip() == shipped["sha256"]["model.safetensors"]
+    again = json.loads((d / "english_lm.json").read_text())
+    recorded = json.loads((ROOT / "basedirected" / "lms" / "austen-gpt2" / "english_lm.json").read_text())
+    assert again["heldout"] == recorded["heldout"] and again["made"]["cpu"] == recorded["made"]["cpu"] and again["made"]["revision"].startswith("4aed6e0")
+    assert f"took {again['seconds']} s" in text and f"the shipped record says {recorded['seconds']} s" in text
+    assert "held-out perplexity: 81.916 here, 81.916 recorded for austen-gpt2 (ratio 1.0000)" in (d / "run.log").read_text()
