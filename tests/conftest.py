@@ -1,4 +1,5 @@
 import os
+import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -26,12 +27,27 @@ def _own_thread_count():
     torch.set_num_threads(before)
 
 
+# The files that take longest (`--durations` of a full run), started first: with a file per worker, a long file taken last keeps one core
+# busy while the other idles. The rest keep their order.
+LONGEST_FIRST = ("test_steppers.py", "test_faults.py", "test_docs.py", "test_cluster.py", "test_fine_tuning.py", "test_experiments.py", "test_hf.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # a stable sort: a file's tests stay in their order
+
+
 @pytest.fixture(scope="session")
-def smoke_dir(tmp_path_factory):
-    "The smoke preset's sweep, run once in one process (bit-identical to a CLI run); the sweep and cluster tests read it."
+def smoke_dir(tmp_path_factory, worker_id):
+    "The smoke preset's sweep, run once in one process (bit-identical to a CLI run); the sweep and cluster tests read it, on every xdist worker the same one."
+    from filelock import FileLock
     from basedirected.repro import repro_main
-    out = tmp_path_factory.mktemp("smoke")
-    repro_main(["--preset", "smoke", "--out", str(out), "--quiet", "--jobs", "1"])
+    root = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent  # the workers' shared folder
+    out = root / "smoke-shared"
+    with FileLock(str(out) + ".lock"):  # the first worker to ask runs it; the other waits and reads it
+        if not (out / "results.csv").is_file():
+            if out.exists(): shutil.rmtree(out)
+            repro_main(["--preset", "smoke", "--out", str(out), "--quiet", "--jobs", "1"])
     return out
 
 

@@ -95,12 +95,13 @@ def test_parallel_runs_match_sequential_runs(tmp_path, smoke_dir):
             assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
 
 
-def test_figures_regenerate_from_files_alone(smoke_dir):
-    (smoke_dir / "runs" / "stray.txt").write_text("not a run")
-    for f in (smoke_dir / "figures").iterdir():
+def test_figures_regenerate_from_files_alone(smoke_dir, tmp_path):
+    out = tmp_path / "sweep"; shutil.copytree(smoke_dir, out)  # the session's sweep is shared by the workers: only read
+    (out / "runs" / "stray.txt").write_text("not a run")
+    for f in (out / "figures").iterdir():
         f.unlink()
-    write_figures(smoke_dir)
-    assert (smoke_dir / "figures" / "frontier-early-discrete.png").stat().st_size > 10_000
+    write_figures(out)
+    assert (out / "figures" / "frontier-early-discrete.png").stat().st_size > 10_000
 
 
 def test_every_sweep_cell_is_the_training_cli_with_its_options():

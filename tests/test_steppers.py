@@ -5,6 +5,7 @@ real kill and a poisoned step is poisoned in the process that trains."""
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -105,6 +106,18 @@ def train(entry, stepper, run_dir, *extra, poison=(), check=True):
     return p
 
 
+BASE_FILES = ("base.pt", "reference_scale.json", "base_gate.json")
+
+
+def seed_base(stepper, run_dir, straight):
+    """Give each run directory a stepper writes the base, c_theta and gate files of the uninterrupted one-process run: the same recipe's base, which a
+    new run loads instead of pre-training it again. The uninterrupted runs (`straight`) pre-train their own under each stepper, and the others must equal them."""
+    source = straight("one")
+    for d in dirs(stepper, run_dir):
+        d.mkdir(parents=True)
+        for name in BASE_FILES: shutil.copy2(source / name, d / name)
+
+
 def dirs(stepper, run_dir):
     "The run directories a stepper writes: one, or the group's two."
     return [run_dir / "s0", run_dir / "s1"] if stepper == "group" else [run_dir]
@@ -150,8 +163,9 @@ def wait_until_unlocked(directories, timeout=60):
 
 
 @pytest.mark.parametrize("stepper", STEPPERS)
-def test_kill_9_then_resume_is_the_uninterrupted_run(entry, tmp_path, stepper):
+def test_kill_9_then_resume_is_the_uninterrupted_run(entry, tmp_path, stepper, straight):
     long = ("--steps", "40", "--checkpoint-every", "5", "--eval-every", "20")
+    for name in ("killed", "straight"): seed_base(stepper, tmp_path / name, straight)
     p = subprocess.Popen(command(entry, stepper, tmp_path / "killed", *long), env={**os.environ, "OMP_NUM_THREADS": "1", "STEP_SLEEP": "0.05"},
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     first = dirs(stepper, tmp_path / "killed")[-1] / "checkpoint.pt"  # the last run's: a group's runs have all written theirs
@@ -168,11 +182,13 @@ def test_kill_9_then_resume_is_the_uninterrupted_run(entry, tmp_path, stepper):
 
 
 @pytest.mark.parametrize("stepper", STEPPERS)
-def test_a_nan_step_is_skipped_and_never_reaches_the_weights_or_the_log(entry, tmp_path, stepper):
-    train(entry, stepper, tmp_path, poison={2})
-    *clean, hit = dirs(stepper, tmp_path)  # in a group only run 1 was poisoned; the other trains on
+def test_a_nan_step_is_skipped_and_never_reaches_the_weights_or_the_log(entry, tmp_path, stepper, straight):
+    run = tmp_path / "run"
+    seed_base(stepper, run, straight)
+    train(entry, stepper, run, poison={2})
+    *clean, hit = dirs(stepper, run)  # in a group only run 1 was poisoned; the other trains on
     assert [(r["step"], r["skipped"]) for r in read_log(hit / "log.jsonl") if "skipped" in r] == [(3, "nll")]
-    for d in dirs(stepper, tmp_path):
+    for d in dirs(stepper, run):
         assert "NaN" not in (d / "log.jsonl").read_text() and (d / "eval.json").exists()
         assert all(torch.isfinite(v).all() for v in weights(d).values())
     for d in clean: assert not any("skipped" in r for r in read_log(d / "log.jsonl"))
@@ -180,6 +196,7 @@ def test_a_nan_step_is_skipped_and_never_reaches_the_weights_or_the_log(entry, t
 
 @pytest.mark.parametrize("stepper", STEPPERS)
 def test_a_torn_log_line_is_dropped_on_resume(entry, tmp_path, stepper, straight):
+    seed_base(stepper, tmp_path / "torn", straight)
     train(entry, stepper, tmp_path / "torn", "--stop-after", "5")
     for d in dirs(stepper, tmp_path / "torn"):  # killed while writing step 6's line, after step 5's line (past the checkpoint)
         with open(d / "log.jsonl", "a") as f: f.write('{"step": 6, "split": "tr')
@@ -189,6 +206,7 @@ def test_a_torn_log_line_is_dropped_on_resume(entry, tmp_path, stepper, straight
 
 @pytest.mark.parametrize("stepper", STEPPERS)
 def test_a_resume_under_another_configuration_is_refused_and_force_starts_over(entry, tmp_path, stepper, straight):
+    seed_base(stepper, tmp_path / "run", straight)
     train(entry, stepper, tmp_path / "run", "--lr", "3e-3", "--stop-after", "4")
     for d in dirs(stepper, tmp_path / "run"): (d / "notes.txt").write_text("a user's file")
     p = train(entry, stepper, tmp_path / "run", check=False)  # the default learning rate: another configuration
@@ -202,6 +220,7 @@ def test_a_resume_under_another_configuration_is_refused_and_force_starts_over(e
 
 def test_two_processes_follow_the_one_process_run_and_resume_on_one(entry, tmp_path, straight):
     one = straight("one")
+    seed_base("sharded", tmp_path / "two", straight)
     train(entry, "sharded", tmp_path / "two", "--stop-after", "4")
     assert json.loads((tmp_path / "two" / "config.json").read_text())["environment"]["world_size"] == 2
     train(entry, "one", tmp_path / "two")  # resumed on one process
