@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,14 +26,16 @@ from .base import SurprisalCache
 from .model import Batch, EncodedExamples, layout_tokens, response_nll
 from .runs import RunDir
 from .config import AdaptConfig, HFRunConfig
-from .tasks import Example, example_record, export_jsonl, make_splits, make_task
+from .tasks import Example, example_record, make_splits, make_task
 
 # %% auto #0
-__all__ = ['LAYOUT_SPECIALS', 'DTYPE_BYTES', 'LAYOUT_MARGIN', 'HFVocab', 'save_tiny_backbone', 'HFCausalLM',
-           'init_new_embeddings', 'quiet_progress_bars', 'load_backbone', 'PairRecord', 'read_pairs',
+__all__ = ['LAYOUT_SPECIALS', 'ANSWER_MARK', 'SENTENCE_END', 'DTYPE_BYTES', 'LAYOUT_MARGIN', 'HFVocab', 'save_tiny_backbone',
+           'HFCausalLM', 'init_new_embeddings', 'quiet_progress_bars', 'load_backbone', 'PairRecord', 'read_pairs',
            'pairs_to_examples', 'encode_examples', 'EncodedPairs', 'context_length', 'check_context',
            'check_context_length', 'HFReference', 'PairSurprisalCache', 'train_rows_only', 'embedding_matrices',
-           'task_input', 'task_records', 'task_examples', 'run_data', 'run_backbone', 'task_response',
+           'trace_words', 'speaks_trace', 'step_ends', 'narrate', 'read_narration', 'narration_of', 'first_sentence',
+           'sample_narration', 'load_narrator', 'narration_length', 'task_input', 'task_records', 'read_trace',
+           'task_examples', 'write_pairs', 'drawn_records', 'run_data', 'run_backbone', 'task_response',
            'saved_bytes_per_layer_token', 'backbone_parameters', 'run_seq_len', 'backbone_memory_bytes']
 
 # %% ../nbs/10a_backbone.ipynb #23fc6380
@@ -347,6 +351,101 @@ def embedding_matrices(lm: HFCausalLM,  # a backbone
     mats = [lm.get_input_embeddings().weight] + ([] if out is None else [out.weight])
     return list({id(w): w for w in mats}.values())
 
+# %% ../nbs/10a_backbone.ipynb #add7aff4
+ANSWER_MARK = "="  # the word before the answer, in every task's trace
+
+def trace_words(task) -> frozenset[str]:
+    "The words a trace of `task` is written in: its tokens and the answer's mark."
+    return frozenset(task.tokens) | {ANSWER_MARK}
+
+def speaks_trace(task, sentence: str) -> bool:
+    "Does `sentence` contain a word of the task's trace (so that a reader could not tell it from the trace)?"
+    return not trace_words(task).isdisjoint(sentence.split())
+
+def step_ends(y) -> list[int]:
+    "Positions in the trace `y` after which narration goes: every token that is not a number."
+    return [i for i, t in enumerate(y) if not str(t).isdigit()]
+
+# %% ../nbs/10a_backbone.ipynb #bfe0cf84
+def narrate(task,                # the task whose trace it is
+            y,                   # the trace: the task's tokens
+            sentences,           # an iterator of narration sentences (`sample_narration`), one taken per step
+           ) -> str:             # the response as text
+    "The trace `y` as text, with one narration sentence after each step's end (`step_ends`)."
+    ends, words = set(step_ends(y)), []
+    for i, t in enumerate(y):
+        words.append(str(t))
+        if i in ends:
+            s = next(sentences)
+            if speaks_trace(task, s): raise ValueError(f"narration {s!r} contains a word of {task.name}'s trace: it could not be read back")
+            words.append(" ".join(s.split()))
+    return " ".join(words)
+
+def read_narration(task, text: str) -> tuple[str, ...]:
+    "The trace a narrated response writes: its words that are the task's own, in order (the inverse of `narrate`)."
+    own = trace_words(task)
+    return tuple(w for w in text.split() if w in own)
+
+def narration_of(task, text: str) -> list[str]:
+    "The narration sentences of a narrated response, in order: each run of words between two of the trace's (what `narrate` put in)."
+    own, out, words = trace_words(task), [], []
+    for w in text.split() + [ANSWER_MARK]:  # a trace word at the end closes the last sentence
+        if w not in own: words.append(w)
+        elif words: out.append(" ".join(words)); words = []
+    return out
+
+# %% ../nbs/10a_backbone.ipynb #45b8f2b9
+SENTENCE_END = re.compile(r"""^(.*?\S+\s+\S+\s+\S.*?[.!?]['"”’)]*)(\s|$)""", re.S)
+
+def first_sentence(text: str) -> str:
+    "`text` cut after its first sentence of at least three words (all of it, whitespace collapsed, where none ends)."
+    m = SENTENCE_END.match(" ".join(text.split()))
+    return m.group(1) if m else " ".join(text.split())
+
+assert first_sentence("She was gone. He stayed") == "She was gone." and first_sentence("“Oh! no, indeed,” said she. Then") == "“Oh! no, indeed,” said she."
+assert first_sentence("  no end  here ") == "no end here"
+
+# %% ../nbs/10a_backbone.ipynb #3bf811c6
+def sample_narration(model,                 # a causal LM (transformers), in eval mode
+                     tokenizer,             # its tokenizer, with an eos token
+                     task,                  # the task whose trace the narration must never speak
+                     n: int,                # sentences wanted
+                     max_tokens: int = 24,  # tokens sampled per draw, before the cut at its first sentence
+                     seed: int = 0,
+                     batch_size: int = 64,
+                    ) -> list[str]:
+    "`n` narration sentences sampled from `model` (temperature 1), each cut at its first sentence, none speaking the task's trace."
+    if n < 0 or max_tokens < 1: raise ValueError(f"need n >= 0 and max_tokens >= 1, got {n}, {max_tokens}")
+    out, drawn, eos = [], 0, tokenizer.eos_token_id
+    with torch.random.fork_rng(), torch.no_grad():
+        torch.manual_seed(seed)
+        while len(out) < n:
+            if drawn > 10 * n + batch_size: raise RuntimeError(f"only {len(out)} of {n} narration sentences in {drawn} draws avoid {task.name}'s trace words")
+            start = torch.full((batch_size, 1), eos)
+            ids = model.generate(input_ids=start, attention_mask=torch.ones_like(start), do_sample=True, top_k=0, top_p=1.0, temperature=1.0,
+                                 max_new_tokens=max_tokens, pad_token_id=eos)
+            drawn += batch_size
+            for row in ids[:, 1:].tolist():
+                s = first_sentence(tokenizer.decode([t for t in row if t != eos]))
+                if s and not speaks_trace(task, s): out.append(s)
+    return out[:n]
+
+# %% ../nbs/10a_backbone.ipynb #79c70386
+def load_narrator(name: str,  # a shipped language model's name (austen-gpt2) or a directory that save_pretrained wrote
+                 ) -> tuple:  # (model in eval mode, tokenizer)
+    "The language model that narrates a run's task, and its tokenizer; a name that is neither a shipped model nor a saved model's directory is refused."
+    from basedirected.pretrained import backbone_directory, shipped_lms
+    path = Path(backbone_directory(name))
+    if not (path / "config.json").is_file():
+        raise ValueError(f"narration {name!r} is neither a shipped language model ({', '.join(sorted(shipped_lms()))}) nor a directory holding a saved model")
+    tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if tok.eos_token_id is None: raise ValueError(f"narration {name!r}: its tokenizer has no eos token to start a sentence from")
+    return transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval(), tok
+
+def narration_length(examples: list[Example]) -> int:
+    "The sentences `narrate` takes to narrate every example's trace: one per step."
+    return sum(len(step_ends(e.y)) for e in examples)
+
 # %% ../nbs/10a_backbone.ipynb #4cee4123
 def task_input(prompt: str,  # an exported record's prompt
               ) -> tuple:
@@ -355,16 +454,42 @@ def task_input(prompt: str,  # an exported record's prompt
 
 def task_records(task,                        # the task that drew the examples
                  examples: list[Example],     # its examples (its own tokens)
+                 sentences=None,              # an iterator of narration sentences (`sample_narration`): the responses are narrated (None: the traces alone)
                 ) -> list[PairRecord]:        # the records a backbone's run reads
-    "The task's examples written as text: prompt and response with their tokens separated by spaces, the strategy by name (`example_record`)."
-    return [PairRecord(**example_record(task, e)) for e in examples]
+    "The task's examples written as text: prompt and response with their tokens separated by spaces, the strategy by name (`example_record`); narrated (`narrate`) where `sentences` are given."
+    out = [PairRecord(**example_record(task, e)) for e in examples]
+    if sentences is None: return out
+    return [PairRecord(r.prompt, narrate(task, e.y, sentences), r.strategy, r.answer) for r, e in zip(out, examples)]
+
+def read_trace(task, text: str, narrated: bool = False) -> tuple[str, ...]:
+    "The trace a response's text writes: its words (a plain trace), or the task's own words among the narration's (`read_narration`)."
+    return read_narration(task, text) if narrated else tuple(text.split())
 
 def task_examples(task,                       # the task the records were written from
                   records: list[PairRecord],  # its records (`task_records`, or its exported JSONL)
+                  narrated: bool = False,     # the responses are narrated (a run with `narration`)
                  ) -> list[Example]:          # the examples in the task's own tokens, as its checker reads them
     "The task's examples read back from their text: the inverse of `task_records` (a strategy it does not name is -1)."
     index = {s: i for i, s in enumerate(task.strategies)}
-    return [Example(task_input(r.prompt), tuple(r.response.split()), index.get(r.strategy, -1)) for r in records]
+    return [Example(task_input(r.prompt), read_trace(task, r.response, narrated), index.get(r.strategy, -1)) for r in records]
+
+# %% ../nbs/10a_backbone.ipynb #e7877f5d
+def write_pairs(path, records: list[PairRecord]) -> None:
+    "Write `records` as JSONL (the inverse of `read_pairs`), via a temporary file and a rename."
+    path = Path(path); tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text("".join(json.dumps({"prompt": r.prompt, "response": r.response, "strategy": r.strategy, "answer": r.answer}) + "\n" for r in records))
+        os.replace(tmp, path)
+    finally: tmp.unlink(missing_ok=True)
+
+def drawn_records(task,                     # the run's task
+                  config: HFRunConfig,      # its narration and data seed
+                  *splits: list[Example],   # examples drawn from the task, split by split
+                 ) -> list[list[PairRecord]]:  # each split's records
+    "The records of a run's task examples: the traces, or, where the run names a narrating model, narrated by one stream of sentences seeded by the data seed."
+    if config.narration is None: return [task_records(task, s) for s in splits]
+    sentences = iter(sample_narration(*load_narrator(config.narration), task, sum(map(narration_length, splits)), seed=config.data_seed))
+    return [task_records(task, s, sentences) for s in splits]
 
 def run_data(rd: RunDir,             # the run's directory
              config: HFRunConfig,    # its data, or its task, n_train, n_eval and seed
@@ -374,7 +499,8 @@ def run_data(rd: RunDir,             # the run's directory
     if not (rd.train_data.is_file() and rd.eval_data.is_file()):  # drawn again identically if a kill came between the two writes
         task = make_task(config.task, config.regime)
         train, held = make_splits(task, config.n_train, config.n_eval, config.data_seed)
-        export_jsonl(task, held, rd.eval_data); export_jsonl(task, train, rd.train_data)
+        held_records, train_records = drawn_records(task, config, held, train)
+        write_pairs(rd.eval_data, held_records); write_pairs(rd.train_data, train_records)
     return rd.train_data, rd.eval_data
 
 def run_backbone(rd: RunDir, config: HFRunConfig) -> Path:
@@ -382,10 +508,14 @@ def run_backbone(rd: RunDir, config: HFRunConfig) -> Path:
     return rd.fine_tuned if config.fine_tune.steps else Path(config.backbone)
 
 def task_response(vocab: HFVocab,
-                  tokens,  # a generated response, the tokenizer's tokens
+                  tokens,               # a generated response, the tokenizer's tokens
+                  task=None,            # the task whose narrated trace it is (None: a plain trace)
+                  narrated: bool = False,
                  ) -> tuple[str, ...]:
-    "A generated response (the tokenizer's tokens) as the task's tokens: its text split on whitespace."
-    return tuple(vocab.tokenizer.convert_tokens_to_string(list(tokens)).split())
+    "A generated response (the tokenizer's tokens) as the task's tokens: its text split on whitespace, or its trace read out of its narration."
+    text = vocab.tokenizer.convert_tokens_to_string(list(tokens))
+    if narrated and task is None: raise ValueError("a narrated response is read by its task: give task")
+    return read_trace(task, text, narrated)
 
 # %% ../nbs/10a_backbone.ipynb #48d138b4
 def _decoder_layers_set(model_config, n: int):
@@ -445,7 +575,7 @@ def run_seq_len(config: HFRunConfig,  # a run on a backbone: its data, or its ta
     if config.data is not None: records = read_pairs(config.data)[:n]
     else:
         task = make_task(config.task, config.regime)
-        records = task_records(task, make_splits(task, min(n, config.n_train), 1, config.data_seed)[0])
+        records = drawn_records(task, config, make_splits(task, min(n, config.n_train), 1, config.data_seed)[0])[0]
     return LAYOUT_MARGIN + max(len(tok(r.prompt, add_special_tokens=False)["input_ids"]) + len(tok(r.response, add_special_tokens=False)["input_ids"]) for r in records)
 
 def backbone_memory_bytes(config: HFRunConfig,       # a run on a backbone

@@ -294,6 +294,8 @@ def check_hf_run_config(c):  # the HFRunConfig being built (its class is defined
     if c.data is None and c.task is None: raise ValueError("data is None: the task's own examples are drawn, and no task is given (give data or task)")
     if c.data is None and c.eval_data is not None: raise ValueError("eval_data needs data: with the task's own examples the held-out split is drawn too")
     if c.fine_tune.steps and c.task is None: raise ValueError("fine_tune.steps needs a task: the fine-tuned base is gated by the task's checker")
+    if c.narration is not None and (c.task is None or c.data is not None): raise ValueError("narration narrates the task's own examples: give a task and no data")
+    if c.narration is not None and (not isinstance(c.narration, str) or not c.narration.strip()): raise ValueError(f"narration must name a language model, got {c.narration!r}")
     if c.n_train < 1: raise ValueError(f"n_train must be >= 1, got {c.n_train}")
     if c.base_seed is not None and (type(c.base_seed) is not int or not 0 <= c.base_seed < 2**31):
         raise ValueError(f"base_seed must be an integer in [0, 2**31), got {c.base_seed!r}")
@@ -323,6 +325,8 @@ class HFRunConfig:
     metrics: MetricsConfig = MetricsConfig()  # responses the generation metrics sample (with a task)
     n_train: int = 2048                     # training examples drawn from the task where data is None
     fine_tune: FineTuneConfig = FineTuneConfig()  # the base: the backbone fine-tuned on the training split, then gated (steps 0: the backbone itself)
+    narration: str | None = None            # a language model (a shipped one's name, austen-gpt2, or a directory) whose sampled sentences follow each
+                                            # step of the task's own traces, so that the responses are text whose wording no strategy decides (None: the traces alone)
 
     def __post_init__(self):
         check_hf_run_config(self)
@@ -721,6 +725,7 @@ HF_OPTIONS: tuple[Option, ...] = (  # a Hugging Face causal LM on disk instead
     Option("--fine-tune-batch-size", "fine_tune.batch_size", "Hugging Face backbone", backbones=_HF, maximum=SAMPLES),
     Option("--fine-tune-lr", "fine_tune.lr", "Hugging Face backbone", backbones=_HF, maximum=LEARNING_RATE),
     Option("--fine-tune-checkpoint-every", "fine_tune.checkpoint_every", "Hugging Face backbone", backbones=_HF),
+    Option("--narration", "narration", "Hugging Face backbone", default=None, type=str, backbones=_HF),
 )
 
 # %% ../nbs/09_config.ipynb #4f210dd4

@@ -19,7 +19,7 @@ import torch
 __all__ = ['MAX_TERM_WEIGHT', 'MAX_LR', 'LR_WHY', 'NEGATIVE_SURPRISAL_TOLERANCE', 'ABSENT', 'check_unit_interval',
            'check_nonnegative', 'check_positive', 'check_at_most', 'value_checks_enabled', 'trusted_values',
            'check_batch', 'masked_fill_zero', 'masked_mean', 'reference_dtype', 'patch', 'absent_value',
-           'with_defaults', 'same_configuration', 'autocast_disabled']
+           'with_defaults', 'same_configuration', 'moved_names', 'autocast_disabled']
 
 # %% ../nbs/00_conventions.ipynb #008da8f7
 def _as_float(value,    # a Python real or a one-element tensor
@@ -185,6 +185,20 @@ def same_configuration(recorded,  # a configuration as a record holds it
                       ) -> bool:
     "Whether two records are one configuration under the compatibility rule (`with_defaults` on both sides)."
     return with_defaults(_as_json(recorded), shape) == with_defaults(_as_json(current), shape)
+
+# %% ../nbs/00_conventions.ipynb #7bb3b695
+def moved_names(module: str,            # the module the names left, e.g. 'basedirected.english'
+                names: tuple[str, ...],  # the names that moved
+                to: str,                # the module they live in now
+               ):                       # the old module's `__getattr__`
+    "A module `__getattr__` that gives each of `names` from `to`, with a `DeprecationWarning` naming its new module (the alias goes in the next release)."
+    def __getattr__(name: str):
+        if name in names:
+            import importlib, warnings
+            warnings.warn(f"{module}.{name} moved to {to}.{name}; import it from there", DeprecationWarning, stacklevel=2)
+            return getattr(importlib.import_module(to), name)
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    return __getattr__
 
 # %% ../nbs/00_conventions.ipynb #5d0c6c6d
 def autocast_disabled(device: torch.device, # device whose autocast to switch off

@@ -17,15 +17,21 @@ from pathlib import Path
 
 import torch
 
+from .conventions import moved_names
 from .surprisal import surprisal_profile
 
 # %% auto #0
-__all__ = ['AUSTEN_PACKAGE', 'AUSTEN_TITLES', 'R_CHARACTER_VECTOR', 'R_STRING', 'tr', 'ho', 'END_OF_TEXT', 'LM_RECORD',
-           'HELDOUT_FILE', 'ANSWER_MARK', 'SENTENCE_END', 'read_character_vector', 'read_lazy_load_database',
-           'paragraphs', 'austen_database', 'austen_novels', 'split_prose', 'train_bpe_tokenizer', 'EnglishLMRecipe',
-           'token_stream', 'english_lm_config', 'pretrain_english_lm', 'prose_surprisal', 'prose_profile', 'model_card',
-           'save_english_lm', 'trace_words', 'speaks_trace', 'step_ends', 'narrate', 'read_narration', 'first_sentence',
-           'sample_narration']
+__all__ = ['MOVED_TO_BACKBONE', 'AUSTEN_PACKAGE', 'AUSTEN_TITLES', 'R_CHARACTER_VECTOR', 'R_STRING', 'tr', 'ho', 'END_OF_TEXT',
+           'LM_RECORD', 'HELDOUT_FILE', 'read_character_vector', 'read_lazy_load_database', 'paragraphs',
+           'austen_database', 'austen_novels', 'split_prose', 'train_bpe_tokenizer', 'EnglishLMRecipe', 'token_stream',
+           'english_lm_config', 'pretrain_english_lm', 'prose_surprisal', 'prose_profile', 'model_card',
+           'save_english_lm']
+
+# %% ../nbs/10a_english.ipynb #5a022de4
+MOVED_TO_BACKBONE = ("ANSWER_MARK", "trace_words", "speaks_trace", "step_ends", "narrate", "read_narration", "SENTENCE_END", "first_sentence", "sample_narration")
+
+__getattr__ = moved_names("basedirected.english", MOVED_TO_BACKBONE, "basedirected.backbone")
+
 
 # %% ../nbs/10a_english.ipynb #502dd909
 AUSTEN_PACKAGE = {  # where the corpus comes from: the registry package, its version and licence, and the checksum of the file read
@@ -275,74 +281,3 @@ def save_english_lm(model, tokenizer,           # the pretrained model and its t
     (path / LM_RECORD).write_text(json.dumps(record, indent=1) + "\n")
     (path / "README.md").write_text(model_card(record))
     return path
-
-# %% ../nbs/10a_english.ipynb #add7aff4
-ANSWER_MARK = "="  # the word before the answer, in every task's trace
-
-def trace_words(task) -> frozenset[str]:
-    "The words a trace of `task` is written in: its tokens and the answer's mark."
-    return frozenset(task.tokens) | {ANSWER_MARK}
-
-def speaks_trace(task, sentence: str) -> bool:
-    "Does `sentence` contain a word of the task's trace (so that a reader could not tell it from the trace)?"
-    return not trace_words(task).isdisjoint(sentence.split())
-
-def step_ends(y) -> list[int]:
-    "Positions in the trace `y` after which narration goes: every token that is not a number."
-    return [i for i, t in enumerate(y) if not str(t).isdigit()]
-
-# %% ../nbs/10a_english.ipynb #bfe0cf84
-def narrate(task,                # the task whose trace it is
-            y,                   # the trace: the task's tokens
-            sentences,           # an iterator of narration sentences (`sample_narration`), one taken per step
-           ) -> str:             # the response as text
-    "The trace `y` as text, with one narration sentence after each step's end (`step_ends`)."
-    ends, words = set(step_ends(y)), []
-    for i, t in enumerate(y):
-        words.append(str(t))
-        if i in ends:
-            s = next(sentences)
-            if speaks_trace(task, s): raise ValueError(f"narration {s!r} contains a word of {task.name}'s trace: it could not be read back")
-            words.append(" ".join(s.split()))
-    return " ".join(words)
-
-def read_narration(task, text: str) -> tuple[str, ...]:
-    "The trace a narrated response writes: its words that are the task's own, in order (the inverse of `narrate`)."
-    own = trace_words(task)
-    return tuple(w for w in text.split() if w in own)
-
-# %% ../nbs/10a_english.ipynb #45b8f2b9
-SENTENCE_END = re.compile(r"""^(.*?\S+\s+\S+\s+\S.*?[.!?]['"”’)]*)(\s|$)""", re.S)
-
-def first_sentence(text: str) -> str:
-    "`text` cut after its first sentence of at least three words (all of it, whitespace collapsed, where none ends)."
-    m = SENTENCE_END.match(" ".join(text.split()))
-    return m.group(1) if m else " ".join(text.split())
-
-assert first_sentence("She was gone. He stayed") == "She was gone." and first_sentence("“Oh! no, indeed,” said she. Then") == "“Oh! no, indeed,” said she."
-assert first_sentence("  no end  here ") == "no end here"
-
-# %% ../nbs/10a_english.ipynb #3bf811c6
-def sample_narration(model,                 # a causal LM (transformers), in eval mode
-                     tokenizer,             # its tokenizer, with an eos token
-                     task,                  # the task whose trace the narration must never speak
-                     n: int,                # sentences wanted
-                     max_tokens: int = 24,  # tokens sampled per draw, before the cut at its first sentence
-                     seed: int = 0,
-                     batch_size: int = 64,
-                    ) -> list[str]:
-    "`n` narration sentences sampled from `model` (temperature 1), each cut at its first sentence, none speaking the task's trace."
-    if n < 0 or max_tokens < 1: raise ValueError(f"need n >= 0 and max_tokens >= 1, got {n}, {max_tokens}")
-    out, drawn, eos = [], 0, tokenizer.eos_token_id
-    with torch.random.fork_rng(), torch.no_grad():
-        torch.manual_seed(seed)
-        while len(out) < n:
-            if drawn > 10 * n + batch_size: raise RuntimeError(f"only {len(out)} of {n} narration sentences in {drawn} draws avoid {task.name}'s trace words")
-            start = torch.full((batch_size, 1), eos)
-            ids = model.generate(input_ids=start, attention_mask=torch.ones_like(start), do_sample=True, top_k=0, top_p=1.0, temperature=1.0,
-                                 max_new_tokens=max_tokens, pad_token_id=eos)
-            drawn += batch_size
-            for row in ids[:, 1:].tolist():
-                s = first_sentence(tokenizer.decode([t for t in row if t != eos]))
-                if s and not speaks_trace(task, s): out.append(s)
-    return out[:n]

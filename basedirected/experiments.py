@@ -24,7 +24,7 @@ import torch
 
 from .base import FrozenReference, gate_failures
 from .collection import SweepDir, base_dir, current_names, lock_path
-from .conventions import same_configuration
+from .conventions import moved_names, same_configuration
 from .pretrained import BASE_FILES
 from .runs import RunDir, atomic_write_bytes, atomic_write_json, base_source, check_writable, exclusive_run_dir, check_gate_record, file_lock, load_base, load_checkpoint, prepare_base, prepare_gate, prepare_reference_scale, prepare_run, read_json, read_table, remove_temporaries, run_vocab, write_command
 from .machine import environment_record, resolve_device, use_numerics
@@ -45,12 +45,8 @@ __all__ = ['MOVED_TO_PRESETS', 'SWEEP_FOLDERS', 'BACKBONE_BASE_FILES', 'BYTES_PE
 # %% ../nbs/11_experiments.ipynb #b8994791
 MOVED_TO_PRESETS = ("PRESETS", "check_preset", "with_arm", "cell_overrides", "SIZE_FIELDS", "size_tag", "plan_cost")
 
-def __getattr__(name: str):
-    "A name that moved to `basedirected.presets`, with a `DeprecationWarning` naming its new module (this alias goes in the next release)."
-    if name in MOVED_TO_PRESETS:
-        warnings.warn(f"basedirected.experiments.{name} moved to basedirected.presets.{name}; import it from there", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module("basedirected.presets"), name)
-    raise AttributeError(f"module 'basedirected.experiments' has no attribute {name!r}")
+__getattr__ = moved_names("basedirected.experiments", MOVED_TO_PRESETS, "basedirected.presets")
+
 
 # %% ../nbs/11_experiments.ipynb #7e3feaf4
 def prepare_shared_base(out: Path,            # the sweep's directory

@@ -125,6 +125,7 @@ def fine_tuned_base_gate(base: HFCausalLM,                 # the fine-tuned base
                  seed: int = 0,                    # seeds the sampling
                  device: str | torch.device = "cpu",
                  samples_per_input: int = GATE_SAMPLES_PER_INPUT,
+                 narrated: bool = False,           # the responses are narrated: the trace is read out of them, and the surprisal criterion is not applied
                 ) -> dict:                         # `gate_report`'s figures and verdict, with the sample sizes
     "The small transformer's quality gate on a backbone's base: samples decoded to text and read by the task's checker; the surprisal criterion on totals, since the tokenizer's tokens are not the task's."
     if len(held) != len(task_held): raise ValueError(f"held and task_held must be the same examples, got {len(held)} and {len(task_held)}")
@@ -135,7 +136,8 @@ def fine_tuned_base_gate(base: HFCausalLM,                 # the fine-tuned base
     tokens = mask.sum().item()
     ideal = [task.ideal_surprisal(e) for e in texs]
     ideal_per_token = None if any(i is None for i in ideal) else sum(map(sum, ideal)) / tokens  # the same denominator: the excess is a ratio of totals
-    report = gate_report(task, [e.x for e in texs for _ in range(samples_per_input)], [task_response(vocab, y) for y in ys],
+    if narrated: ideal_per_token = None  # the narration's tokens have no ideal surprisal: only the samples are judged
+    report = gate_report(task, [e.x for e in texs for _ in range(samples_per_input)], [task_response(vocab, y, task, narrated) for y in ys],
                          (b * mask).sum().item() / tokens, ideal_per_token)
     return {**report, "n_inputs": len(exs), "samples_per_input": samples_per_input}
 
@@ -144,7 +146,8 @@ def base_key(config: HFRunConfig) -> dict:
     "What a fine-tuned base is made from: the backbone, the fine-tuning recipe (with LoRA's adapters), the data and the seed."
     adapt = config.adapt.to_dict() if config.fine_tune.mode == "lora" else None
     return {"backbone": config.backbone, "fine_tune": config.fine_tune.to_dict(), "adapt": adapt, "data": config.data, "eval_data": config.eval_data,
-            "task": config.task, "regime": config.regime, "n_train": config.n_train, "n_eval": config.n_eval, "seed": config.data_seed}
+            "task": config.task, "regime": config.regime, "n_train": config.n_train, "n_eval": config.n_eval, "seed": config.data_seed,
+            **({} if config.narration is None else {"narration": config.narration})}  # a base of plain traces keeps the key it was saved under
 
 def prepare_fine_tuned_base(rd: RunDir,             # the run's directory
                             config: HFRunConfig,    # a run whose fine_tune.steps > 0
@@ -180,6 +183,8 @@ def _gate(rd: RunDir, config: HFRunConfig, key: dict, train_path: Path, eval_pat
     records = read_pairs(eval_path if eval_path is not None else train_path)[:config.n_eval]
     held, _ = pairs_to_examples(vocab, records, task.strategies)
     cache = PairSurprisalCache(HFReference(base), EncodedPairs(vocab, held, device))
-    gate = {**fine_tuned_base_gate(base, vocab, task, held, task_examples(task, records), cache, seed=config.data_seed, device=device), "base": key}
+    narrated = config.narration is not None
+    gate = {**fine_tuned_base_gate(base, vocab, task, held, task_examples(task, records, narrated), cache, seed=config.data_seed, device=device, narrated=narrated),
+            "base": key}
     atomic_write_json(rd.gate, gate)
     return gate

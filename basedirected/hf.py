@@ -26,8 +26,10 @@ except ImportError as e:  # the core package never imports this module
 
 from .backbone import (EncodedPairs, HFCausalLM, HFReference, HFVocab, PairRecord, PairSurprisalCache, check_context,
                                    check_context_length, embedding_matrices, load_backbone, pairs_to_examples, quiet_progress_bars, read_pairs,
-                                   run_backbone, run_data, task_input, task_records, task_response, train_rows_only)
+                                   run_backbone, run_data, task_input, task_records, task_response, train_rows_only, drawn_records, narrate,
+                                   narration_of, read_trace)
 from .base import SurprisalCache, sample_responses, response_budget
+from .conventions import moved_names
 from .fine_tuning import base_key, check_saved_base, prepare_fine_tuned_base
 from .cvae import CVAEConfig, DiscreteCVAE, posterior_forward, router_logits
 from .metrics import (alignment_record, code_perplexity, departure, entropy, generation_scores, information_gain,
@@ -49,12 +51,8 @@ __all__ = ['MOVED_TO_BACKBONE', 'HARMLESS_LIBRARY_WARNINGS', 'WEIGHT_FILES', 'LO
 # %% ../nbs/10a_hf.ipynb #152c1c19
 MOVED_TO_BACKBONE = ("LAYOUT_SPECIALS", "save_tiny_backbone", "init_new_embeddings", "encode_examples", "context_length", "task_examples")
 
-def __getattr__(name: str):
-    "A name that moved to `basedirected.backbone`, with a `DeprecationWarning` naming its new module (this alias goes in the next release)."
-    if name in MOVED_TO_BACKBONE:
-        warnings.warn(f"basedirected.hf.{name} moved to basedirected.backbone.{name}; import it from there", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module("basedirected.backbone"), name)
-    raise AttributeError(f"module 'basedirected.hf' has no attribute {name!r}")
+__getattr__ = moved_names("basedirected.hf", MOVED_TO_BACKBONE, "basedirected.backbone")
+
 
 # %% ../nbs/10a_hf.ipynb #8795e81b
 HARMLESS_LIBRARY_WARNINGS = (r"fan_in_fan_out is set to False but the target module is `Conv1D`", r"`is_gradient_checkpointing` is deprecated")  # peft's, on every LoRA run
@@ -187,7 +185,9 @@ def hf_generation_metrics(model: DiscreteCVAE,          # a CVAE on a Hugging Fa
                           task,                          # the task whose checker scores a response
                           n_routed: int = 256,           # responses sampled through the router (cycling over the examples)
                           n_forced: int = 64,            # examples generated under each forced code
-                          seed: int = 0) -> dict:
+                          seed: int = 0,
+                          narrated: bool = False,        # the responses are narrated: their traces are read out of the text
+                         ) -> dict:
     "The generation figures of [notebook 08](08_metrics.ipynb) (`generation_scores`) for responses decoded back into the task's tokens."
     model.eval()
     device = next(model.parameters()).device
@@ -195,7 +195,7 @@ def hf_generation_metrics(model: DiscreteCVAE,          # a CVAE on a Hugging Fa
     routed_idx = [i % len(examples) for i in range(n_routed)]
     def decode(idx, codes, s):
         ys = sample_responses(model.generator, vocab, [examples[i].x for i in idx], max_len=budget, seed=s, codes=codes, device=device)[0]
-        return [task_response(vocab, y) for y in ys]
+        return [task_response(vocab, y, task, narrated) for y in ys]
     checks = lambda idx, ys: [task.check(task_input(records[i].prompt), y) for i, y in zip(idx, ys)]
     routed_exs = [examples[i] for i in routed_idx]
     z = torch.multinomial(torch.softmax(router_logits(model, routed_exs), -1).cpu(), 1, generator=torch.Generator().manual_seed(seed)).squeeze(-1)
@@ -219,12 +219,22 @@ def hf_within_input_information(model: DiscreteCVAE,             # a trained CVA
                                 c_ref: float, loss: ReconstructionLossConfig, beta: float,  # the exact posterior's
                                 n_inputs: int = 128,             # distinct inputs used, the first ones
                                 seed: int = 0,                   # seeds the traces' rendering
-                                batch_size: int = 64) -> dict:
+                                batch_size: int = 64,
+                                narrated: bool = False,          # the records are narrated: each input's traces are told in its record's own sentences
+                               ) -> dict:
     "$I(z;s|x)$ and its share of $H(s|x)$ on a backbone: every strategy's trace of each held-out input, as text, through the model's posterior."
-    import random
+    import itertools, random
     rng, S = random.Random(seed), len(task.strategies)
-    xs = list(dict.fromkeys(task_input(r.prompt) for r in records))[:n_inputs]
-    exs, _ = pairs_to_examples(vocab, task_records(task, [Example(x, task.render(x, s, rng), s) for x in xs for s in range(S)]), task.strategies)
+    first = {}
+    for r in records: first.setdefault(task_input(r.prompt), r)
+    xs = list(first)[:n_inputs]
+    traces = [Example(x, task.render(x, s, rng), s) for x in xs for s in range(S)]
+    if narrated:  # only the trace differs between an input's rows, as only the strategy does
+        said = {x: narration_of(task, r.response) for x, r in first.items()}
+        if not all(said[x] for x in xs): raise ValueError("narrated is set, but a held-out record holds no narration: is the run's data narrated?")
+        told = [PairRecord(first[e.x].prompt, narrate(task, e.y, itertools.cycle(said[e.x])), task.strategies[e.strategy], first[e.x].answer) for e in traces]
+    else: told = task_records(task, traces)
+    exs, _ = pairs_to_examples(vocab, told, task.strategies)
     rows, q = EncodedPairs(vocab, exs, next(model.parameters()).device), []
     for i in range(0, len(exs), batch_size):
         part = rows.select(torch.arange(i, min(i + batch_size, len(exs))))
@@ -241,7 +251,7 @@ def check_hf_inputs(config: HFRunConfig,
         raise ValueError(f"--backbone {config.backbone} is not a directory holding a saved model (config.json)")
     if config.data is None:  # the task's own examples: a sample of them stands for the data it will draw
         task = make_task(config.task, config.regime)
-        records = task_records(task, task.generate(min(config.n_train, 256), config.data_seed))
+        records = drawn_records(task, config, task.generate(min(config.n_train, 256), config.data_seed))[0]
         held = records
         if config.train.batch_size > config.n_train: raise ValueError(f"--batch-size {config.train.batch_size} is larger than --n-train {config.n_train}")
     else:
@@ -287,7 +297,7 @@ def check_task_data(config: HFRunConfig,         # its task and regime
     "Refuse a `--task` (or `--regime`) whose checker does not read the data: most of its records must be valid traces of that task."
     task = make_task(config.task, config.regime)
     def valid(r):
-        try: return task.check(task_input(r.prompt), tuple(r.response.split())).valid
+        try: return task.check(task_input(r.prompt), read_trace(task, r.response, config.narration is not None)).valid
         except Exception: return False  # a prompt the task cannot even read
     sample = records[:64]
     n = sum(map(valid, sample))
@@ -425,8 +435,10 @@ def hf_run_metrics(run: Run,    # a trained run on a Hugging Face backbone
         records = read_pairs(eval_data or data)[:config.n_eval]
         task = make_task(config.task, config.regime)
         m.update({f"gen_{k}": v for k, v in hf_generation_metrics(run.model, run.vocab, run.held_out, records, task,
-                                                                   config.metrics.n_routed, config.metrics.n_forced, seed=config.seed).items()})
-        m.update(hf_within_input_information(run.model, run.reference, run.vocab, records, task, run.c_ref, config.loss, beta, seed=config.seed))
+                                                                   config.metrics.n_routed, config.metrics.n_forced, seed=config.seed,
+                                                                   narrated=config.narration is not None).items()})
+        m.update(hf_within_input_information(run.model, run.reference, run.vocab, records, task, run.c_ref, config.loss, beta, seed=config.seed,
+                                             narrated=config.narration is not None))
     m["eval_split"] = "eval_data" if config.eval_data or config.data is None else "train"
     name, sha = Path(config.backbone).name, None  # the backbone as it is: named by its directory, its weights not hashed
     if config.fine_tune.steps:  # the fine-tuned base: its weights' sha256, recorded when it was saved

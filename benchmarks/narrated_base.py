@@ -20,7 +20,7 @@ import transformers
 import basedirected.sorting  # noqa: F401  (registers the task)
 from basedirected.backbone import PairRecord, encode_examples, load_backbone, pairs_to_examples, quiet_progress_bars
 from basedirected.config import AdaptConfig, FineTuneConfig
-from basedirected.english import narrate, sample_narration, step_ends, trace_words
+from basedirected.backbone import narrate, sample_narration, step_ends, trace_words
 from basedirected.fine_tuning import fine_tune_base
 from basedirected.machine import environment_record
 from basedirected.pretrained import backbone_directory

@@ -90,25 +90,3 @@ def test_the_readme_quotes_the_record(shipped):
     profiles = (Path(__file__).parents[1] / "reference" / "base-profiles" / "profiles.csv").read_text().splitlines()[1:]
     tasks = [float(l.split(",")[6]) for l in profiles if ",visiting_order," not in l]
     assert min(tasks) >= 0.997 and "every task base puts 99.7 % or more there" in readme
-
-
-from hypothesis import given, strategies as st
-
-import basedirected.addition, basedirected.grid_pathfinding, basedirected.sorting  # noqa: F401,E402  (they register their tasks)
-from basedirected.english import narrate, read_narration, speaks_trace  # noqa: E402
-from basedirected.tasks import make_task  # noqa: E402
-
-WORDS = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1, max_size=12)
-
-
-@given(st.sampled_from(("sorting", "addition", "grid_pathfinding")), st.integers(0, 10_000), st.lists(st.lists(WORDS, min_size=1, max_size=6), min_size=1, max_size=5))
-def test_a_narrated_trace_reads_back_for_every_strategy(name, seed, sentences):
-    "Whatever the narration (any words that are not the trace's), the trace read back is the trace, and the checker finds its strategy."
-    task = make_task(name)
-    said = [" ".join(s) for s in sentences if not speaks_trace(task, " ".join(s)) and " ".join(s).split()]
-    if not said: said = ["Emma smiled."]
-    x = task.generate(1, seed)[0].x
-    for s in range(len(task.strategies)):
-        y = task.render(x, s)
-        text = narrate(task, y, iter(said * len(y)))
-        assert read_narration(task, text) == tuple(y) and s in task.check(x, read_narration(task, text)).strategies
