@@ -1,4 +1,5 @@
 """Each collection's README says how the collection was made; every figure it gives is read here from the file it comes from."""
+import csv
 import json
 import re
 from pathlib import Path
@@ -189,3 +190,26 @@ def test_english_lm_retrain_readme_is_its_files():
     assert again["heldout"] == recorded["heldout"] and again["made"]["cpu"] == recorded["made"]["cpu"] and again["made"]["revision"].startswith("4aed6e0")
     assert f"took {again['seconds']} s" in text and f"the shipped record says {recorded['seconds']} s" in text
     assert "held-out perplexity: 81.916 here, 81.916 recorded for austen-gpt2 (ratio 1.0000)" in (d / "run.log").read_text()
+
+
+def test_base_profiles_of_the_collections_readme_is_its_files():
+    "The collections' own bases: the surface-form levels nearly flat, the others in the one-form corner, five of them the shipped bases byte for byte."
+    import hashlib
+    rows = {r["base"]: {k: float(v) for k, v in r.items() if k not in ("base", "task")} for r in csv.DictReader(open(REF / "base-profiles" / "collections.csv"))}
+    kept = sorted(f"{d.parent.parent.name}/{d.name}" for c in ("entropy", "meaning", "settled-2") for d in (REF / c / "bases").iterdir() if (d / "base.pt").is_file())
+    assert sorted(rows) == kept and len(kept) == 12
+    text, span = _readme("base-profiles"), lambda key, names, f: f"{f.format(min(rows[n][key] for n in names))}–{f.format(max(rows[n][key] for n in names))}"
+    for m, (mean, cv, share) in {2: ("0.686–0.687", "0.38–0.39", "0.163–0.165"), 4: ("1.336–1.339", None, "0.139–0.141")}.items():
+        names = [n for n in rows if f"forms{m}" in n]
+        assert len(names) == 3 and span("b_mean", names, "{:.3f}") == mean and span("b_top10_share", names, "{:.3f}") == share
+        assert cv is None and all(round(rows[n]["b_cv"], 2) == 0.31 for n in names) or span("b_cv", names, "{:.2f}") == cv
+    one_form = [n for n in rows if "forms" not in n]
+    assert span("b_cv", one_form, "{:.2f}") == "3.73–4.95" and span("b_top10_share", one_form, "{:.3f}") == "0.997–1.000" and "CV 3.73–4.95, share 0.997–1.000" in text
+    sha = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()
+    same = [n for n in one_form if sha(REF / n.split("/")[0] / "bases" / n.split("/")[1] / "base.pt") == sha(ROOT / "basedirected" / "bases" / n.split("/")[1] / "base.pt")]
+    assert sorted(set(one_form) - set(same)) == ["settled-2/addition-s0"] and len(same) == 5
+    assert "CV 4.90 against the shipped one's 4.92" in text and round(rows["settled-2/addition-s0"]["b_cv"], 2) == 4.90
+    shipped = next(r for r in csv.DictReader(open(REF / "base-profiles" / "profiles.csv")) if r["base"] == "addition-s0")
+    assert round(float(shipped["b_cv"]), 2) == 4.92
+    (minutes, seconds), = re.findall(r"^real\s+(\d+)m([\d.]+)s", (REF / "base-profiles" / "collections.log").read_text(), re.M)
+    assert f"in {60 * int(minutes) + float(seconds):.1f} s by the shell's `time`" in text and "clean worktree at 8a766b8" in text
