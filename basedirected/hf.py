@@ -248,7 +248,9 @@ def check_hf_inputs(config: HFRunConfig,
                     world: int = 1):  # the number of processes (the batch must split over them)
     "Refuse, before anything is written, a backbone path, data file or batch size the run cannot use."
     if not (Path(config.backbone) / "config.json").is_file():
-        raise ValueError(f"--backbone {config.backbone} is not a directory holding a saved model (config.json)")
+        from basedirected.pretrained import shipped_lms
+        raise ValueError(f"--backbone {config.backbone} is not a directory holding a saved model (config.json), and {Path(config.backbone).name!r} is not "
+                         f"the name of a shipped language model ({', '.join(sorted(shipped_lms()))})")
     if config.data is None:  # the task's own examples: a sample of them stands for the data it will draw
         task = make_task(config.task, config.regime)
         records = drawn_records(task, config, task.generate(min(config.n_train, 256), config.data_seed))[0]

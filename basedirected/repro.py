@@ -18,7 +18,7 @@ from .cluster import CLUSTERS, EXECUTORS, ClusterConfig, ClusterError, collect, 
 from .collection import SweepDir, base_dir
 from .experiments import earlier_cells, execute, finished, seed_bases
 from .presets import PRESETS, backbone_tag, check_backbone_given, plan, with_backbone
-from .pretrained import backbone_directory
+from .pretrained import backbone_directory, shipped_lms
 from .reports import answer_text, compare_collections, headline_text, comparison_text, write_reports
 from .runs import atomic_write_bytes, check_writable, read_json, read_table
 from .machine import environment_record, resolve_device
@@ -209,7 +209,8 @@ def _checked_backbone(p: argparse.ArgumentParser, a: argparse.Namespace):
     "--backbone: a directory holding a saved model or a shipped model's name, and a preset its runs can run (one line and exit status 2 where not)."
     try: where = backbone_directory(a.backbone)
     except ValueError as e: p.error(f"--backbone: {e}")
-    if not (Path(where) / "config.json").is_file(): p.error(f"--backbone {a.backbone} is not a directory holding a saved model (config.json)")
+    if not (Path(where) / "config.json").is_file():
+        p.error(f"--backbone {a.backbone} is not a directory holding a saved model (config.json), nor the name of a shipped language model ({', '.join(sorted(shipped_lms()))})")
     try: _preset_of(a)
     except ValueError as e: p.error(f"--backbone: {e}")
 

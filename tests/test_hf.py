@@ -528,3 +528,10 @@ def test_a_lora_run_leaks_no_library_warning(data, tmp_path):
         assert hf_train_main(_args(d, tmp_path / "run", "--adapt", "lora", "--steps", "2", "--no-metrics")) == 0
     leaked = [str(w.message) for w in seen if "peft" in w.filename or "transformers" in w.filename]
     assert not leaked, leaked
+
+
+def test_a_misspelt_shipped_model_is_one_line_naming_the_shipped_ones(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e: train_main(["--backbone", "austen-gtp2", "--task", "sorting", "--run-dir", str(tmp_path / "run"), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "'austen-gtp2' is not the name of a shipped language model (austen-gpt2)" in err[0], err
+    assert not (tmp_path / "run").exists()
