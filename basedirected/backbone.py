@@ -155,6 +155,17 @@ class HFCausalLM(nn.Module):
         logits[..., self.code_ids] = codes  # in place: a copy of (B, L, V) logits is gigabytes at a pretrained LM's vocabulary
         return (logits, out.hidden_states[-1]) if return_hidden else logits
 
+    @torch.no_grad()
+    def decode_step(self, ids, past=None):
+        "The logits `(B, V)` of the token after `ids` (rows of one length, no padding) and the keys and values to pass back with `ids` one token longer: each token is computed once (`sample_responses`)."
+        seen, given = (0, {}) if past is None else (past[1].get_seq_length(), dict([past]))
+        out = self.model(input_ids=ids[:, seen:], attention_mask=torch.ones_like(ids), use_cache=True, **given)
+        name = "cache" if getattr(out, "cache", None) is not None else "past_key_values"  # transformers' newer name for it, else the older
+        logits = out.logits[:, -1]
+        block = (ids[:, -1] == self.z_open) & ((ids == self.y_open).sum(-1) == 0)  # the layout's grammar, as in forward
+        logits[:, self.code_ids] = logits[:, self.code_ids].masked_fill(~block[:, None], torch.finfo(logits.dtype).min)
+        return logits, (name, getattr(out, name))
+
 # %% ../nbs/10a_backbone.ipynb #dff8881f
 def init_new_embeddings(model: nn.Module,     # an `AutoModelForCausalLM`
                         new_ids: list[int],   # the ids of the tokens added to its tokenizer

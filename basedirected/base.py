@@ -213,13 +213,16 @@ def sample_responses(model: CausalLM,                  # the base, or a CVAE's g
     groups = {}
     for i, x in enumerate(xs): groups.setdefault((len(x), None if codes is None else codes[i]), []).append(i)
     context = getattr(getattr(model, "config", None), "max_len", None)  # the model's longest sequence, where it has one
+    step = getattr(model, "decode_step", None)  # incremental decoding, where the model offers it (a Hugging Face backbone)
     for (n, code), idx in sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
         prefix = [layout_tokens(Example(xs[i], (), -1), code)[:-2] for i in idx]  # drop '</y> <eos>': ends at <y>
         ids = torch.tensor([vocab.encode(p) for p in prefix], device=device)
         done = torch.zeros(len(idx), dtype=torch.bool, device=device)
-        toks, nlls = [], []
+        toks, nlls, past = [], [], None
         for _ in range(max_len if context is None else min(max_len, context - ids.shape[1])):
-            logp = torch.log_softmax(model(ids)[:, -1].float() / temperature, -1)
+            if step is None: last = model(ids)[:, -1]
+            else: last, past = step(ids, past)  # a model that keeps its keys and values computes each token once
+            logp = torch.log_softmax(last.float() / temperature, -1)
             nxt = torch.multinomial(logp.exp(), 1, generator=g).squeeze(-1)
             toks.append(nxt); nlls.append(-logp.gather(1, nxt[:, None]).squeeze(-1))
             done = done | (nxt == end)

@@ -77,3 +77,16 @@ def test_base_profiles_script_gives_the_committed_profile_of_a_shipped_base(tmp_
     assert row["tokens"] == committed["tokens"] and row["task"] == committed["task"] == "sorting"
     for k in ("b_mean", "b_cv", "b_top10_share"): assert abs(float(row[k]) - float(committed[k])) <= 1e-5 * abs(float(committed[k])), k
     assert "sorting-s0" in p.stdout and "top-10 % share" in p.stdout
+
+
+def test_sampling_benchmark_times_both_ways_on_the_same_draw():
+    "In-process, tiny: it samples both ways and prints both timings and their ratio."
+    import contextlib, io
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import sampling
+    finally: sys.path.pop(0)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out): sampling.main(["--rows", "2", "--tokens", "6", "--repeats", "1"])
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("cached") and lines[1].startswith("full pass") and "full pass / cached:" in lines[2] and "12 tokens in 2 rows" in lines[0]
