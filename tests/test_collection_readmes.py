@@ -213,3 +213,20 @@ def test_base_profiles_of_the_collections_readme_is_its_files():
     assert round(float(shipped["b_cv"]), 2) == 4.92
     (minutes, seconds), = re.findall(r"^real\s+(\d+)m([\d.]+)s", (REF / "base-profiles" / "collections.log").read_text(), re.M)
     assert f"in {60 * int(minutes) + float(seconds):.1f} s by the shell's `time`" in text and "clean worktree at 8a766b8" in text
+
+
+def test_austen_narrated_gate_readme_is_its_files():
+    "A narrated base through the run option fails the gate, with the figures its README gives."
+    d, text = REF / "austen-narrated-gate", _readme("austen-narrated-gate")
+    g = json.loads((d / "base_gate.json").read_text())
+    assert not g["passes"] and g["n_inputs"] == 256 and g["valid_rate_n"] == 1024 and g["ideal_per_token"] is None and g["base"]["narration"] == "austen-gpt2"
+    assert f"| valid traces | {g['valid_rate']:.3f} ({g['valid_rate_lo']:.3f}–{g['valid_rate_hi']:.3f}) | ≥ 0.95 |" in text
+    assert f"| answers right | {g['answer_only_accuracy']:.3f} ({g['answer_only_accuracy_lo']:.3f}–{g['answer_only_accuracy_hi']:.3f}) | ≥ 0.98 |" in text
+    assert f"| strategy frequencies off by | {g['strategy_gap']:.3f} (bubble {g['strategy_frequencies'][0]:.3f} against 1/3) | ≤ 0.05 |" in text
+    assert g["valid_rate"] < 0.5 and g["answer_only_accuracy"] < 0.9  # the prediction's figures
+    config = json.loads((d / "config.json").read_text())["config"]
+    assert config["narration"] == "austen-gpt2" and config["fine_tune"]["steps"] == 2000 and len(json.loads((d / "fine_tune.json").read_text())["losses"]) == 2000
+    assert "valid 7, answer right 42" in (d / "diagnosis.log").read_text() and "7 valid traces and 42 right answers, and only 4 samples" in text
+    assert "with a word that mixes a digit, | or = into other characters (read as narration, so a step of the trace is lost): 4" in (d / "diagnosis.log").read_text()
+    log = (d / "run.log").read_text()
+    assert "real\t12m43.061s" in log and "2000/2000 [11:12<" in log and "12 min 43 s" in text and "took 11 min 12 s" in text and "clean worktree at da75ba8" in text
