@@ -224,6 +224,8 @@ def test_austen_narrated_gate_readme_is_its_files():
     assert f"| answers right | {g['answer_only_accuracy']:.3f} ({g['answer_only_accuracy_lo']:.3f}–{g['answer_only_accuracy_hi']:.3f}) | ≥ 0.98 |" in text
     assert f"| strategy frequencies off by | {g['strategy_gap']:.3f} (bubble {g['strategy_frequencies'][0]:.3f} against 1/3) | ≤ 0.05 |" in text
     assert g["valid_rate"] < 0.5 and g["answer_only_accuracy"] < 0.9  # the prediction's figures
+    findings = (ROOT / "nbs" / "13_findings.ipynb").read_text()
+    assert f"valid traces {g['valid_rate']:.3f}, answers right {g['answer_only_accuracy']:.3f} over {g['valid_rate_n']:,} samples; one base" in findings
     config = json.loads((d / "config.json").read_text())["config"]
     assert config["narration"] == "austen-gpt2" and config["fine_tune"]["steps"] == 2000 and len(json.loads((d / "fine_tune.json").read_text())["losses"]) == 2000
     assert "valid 7, answer right 42" in (d / "diagnosis.log").read_text() and "7 valid traces and 42 right answers, and only 4 samples" in text
