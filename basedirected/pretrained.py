@@ -18,9 +18,9 @@ from .conventions import with_defaults
 
 # %% auto #0
 __all__ = ['BASE_FILES', 'base_key', 'same_recipe', 'base_key_shape', 'recipe_differences', 'PretrainedBase', 'catalogue_dir',
-           'catalogue', 'pretrained_for', 'check_pretrained', 'file_sha256', 'shipped_name', 'verify_pretrained',
-           'install_pretrained', 'add_to_catalogue', 'ShippedLM', 'lm_catalogue_dir', 'shipped_lms',
-           'verify_shipped_lm', 'backbone_directory', 'add_lm_to_catalogue', 'catalogue_table']
+           'catalogue', 'read_catalogue', 'pretrained_for', 'check_pretrained', 'file_sha256', 'shipped_name',
+           'verify_pretrained', 'install_pretrained', 'add_to_catalogue', 'ShippedLM', 'lm_catalogue_dir',
+           'shipped_lms', 'verify_shipped_lm', 'backbone_directory', 'add_lm_to_catalogue', 'catalogue_table']
 
 # %% ../nbs/06b_pretrained.ipynb #10ca7d68
 def base_key(config,  # a RunConfig (its base, data seed, task and n_train)
@@ -74,11 +74,20 @@ def catalogue_dir() -> Path:
 def catalogue(root: Path | None = None,  # a catalogue's directory (None: the package's)
              ) -> dict[str, PretrainedBase]:  # name -> base, in the catalogue's order
     "The shipped bases listed in `root/catalogue.json` (none where there is no catalogue)."
-    path = Path(root or catalogue_dir()) / "catalogue.json"
+    return read_catalogue(root, catalogue_dir(), "bases", "bases", PretrainedBase)
+
+def read_catalogue(root: Path | None,    # a catalogue's directory (None: the package's, `default`)
+                   default: Path,        # the package's catalogue directory of this kind
+                   key: str,             # the list of entries in its catalogue.json: 'bases' or 'lms'
+                   kind: str,            # what the entries are, in the error
+                   entry,                # the class of an entry (PretrainedBase, ShippedLM): its fields and `root`
+                  ) -> dict:             # name -> entry, in the catalogue's order
+    "The entries of a catalogue of shipped files (`catalogue.json`, a list under `key`); none where there is no catalogue, a `ValueError` naming the file where it is not one."
+    path = Path(root or default) / "catalogue.json"
     if not path.is_file(): return {}
-    try: entries = json.loads(path.read_text())["bases"]
-    except (ValueError, KeyError, TypeError): raise ValueError(f"{path} is not a catalogue of bases (a JSON object with a list 'bases'); reinstall the package") from None
-    return {e["name"]: PretrainedBase(**e, root=None if root is None else Path(root)) for e in entries}
+    try: entries = json.loads(path.read_text())[key]
+    except (ValueError, KeyError, TypeError): raise ValueError(f"{path} is not a catalogue of {kind} (a JSON object with a list '{key}'); reinstall the package") from None
+    return {e["name"]: entry(**e, root=None if root is None else Path(root)) for e in entries}
 
 # %% ../nbs/06b_pretrained.ipynb #e79a018a
 def pretrained_for(config,                   # a RunConfig
@@ -188,11 +197,7 @@ def lm_catalogue_dir() -> Path:
 def shipped_lms(root: Path | None = None,  # a catalogue's directory (None: the package's)
                ) -> dict[str, ShippedLM]:  # name -> model, in the catalogue's order
     "The language models listed in `root/catalogue.json` (none where there is no catalogue)."
-    path = Path(root or lm_catalogue_dir()) / "catalogue.json"
-    if not path.is_file(): return {}
-    try: entries = json.loads(path.read_text())["lms"]
-    except (ValueError, KeyError, TypeError): raise ValueError(f"{path} is not a catalogue of language models (a JSON object with a list 'lms'); reinstall the package") from None
-    return {e["name"]: ShippedLM(**e, root=None if root is None else Path(root)) for e in entries}
+    return read_catalogue(root, lm_catalogue_dir(), "lms", "language models", ShippedLM)
 
 # %% ../nbs/06b_pretrained.ipynb #ea3ed44f
 def verify_shipped_lm(lm: ShippedLM) -> None:
