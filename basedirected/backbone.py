@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ except ImportError as e:  # the core package never imports this module
 
 from .base import SurprisalCache
 from .model import Batch, EncodedExamples, layout_tokens, response_nll
-from .runs import RunDir
+from .runs import RunDir, atomic_write_bytes
 from .config import AdaptConfig, HFRunConfig
 from .tasks import Example, example_record, make_splits, make_task
 
@@ -486,12 +485,9 @@ def task_examples(task,                       # the task the records were writte
 
 # %% ../nbs/10a_backbone.ipynb #e7877f5d
 def write_pairs(path, records: list[PairRecord]) -> None:
-    "Write `records` as JSONL (the inverse of `read_pairs`), via a temporary file and a rename."
-    path = Path(path); tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text("".join(json.dumps({"prompt": r.prompt, "response": r.response, "strategy": r.strategy, "answer": r.answer}) + "\n" for r in records))
-        os.replace(tmp, path)
-    finally: tmp.unlink(missing_ok=True)
+    "Write `records` as JSONL (the inverse of `read_pairs`), via a temporary file and a rename (`atomic_write_bytes`)."
+    atomic_write_bytes(path, "".join(json.dumps({"prompt": r.prompt, "response": r.response, "strategy": r.strategy, "answer": r.answer}) + "\n"
+                                     for r in records).encode())
 
 def drawn_records(task,                     # the run's task
                   config: HFRunConfig,      # its narration and data seed
