@@ -5,6 +5,7 @@
 # %% ../nbs/04_objective.ipynb #b0bb1a80
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
@@ -148,6 +149,11 @@ def objectives(alpha: float = 0.5,  # paper alpha of `theta`
                gamma: float = 1.0,  # paper gamma of every token-weighted term
               ) -> dict[str, Objective]:
     "Every objective of the comparison, keyed by its one name."
+    return dict(_objective_table(alpha, gamma))  # a copy: a caller may change its dict, never the table
+
+@functools.lru_cache(maxsize=64, typed=True)
+def _objective_table(alpha, gamma) -> dict[str, Objective]:
+    # every configuration built checks its name against this table (`objective_mismatch`): it is built once per (alpha, gamma)
     L = ReconstructionLossConfig
     table = [Objective("celbo", L.celbo()), Objective("celbo_warmup", L.celbo(), "linear"),
              Objective("celbo_zero_linear", L.celbo(), "zero_then_linear"), Objective("celbo_cyclical", L.celbo(), "cyclical"),

@@ -103,7 +103,7 @@ def test_a_quick_cell_rerun_on_the_references_cpu_type_equals_the_reference(tmp_
     assert all(r["exact"] == r["cells"] == 1 for r in compare_collections([mine], [theirs]))
     shared = (set(mine) & set(theirs)) - {"seconds", "git_revision", "git_dirty"}
     assert {k: mine[k] for k in shared} == {k: theirs[k] for k in shared}  # every column both have but time and provenance (this tree's revision)
-    assert set(theirs) <= set(mine) and set(mine) - set(theirs) <= {"git_revision", "git_dirty", "cpu", "revealing_share", "settled_strict", "loss_fall_last", "gen_n_forced_inputs"}  # columns added since it was made
+    assert set(theirs) <= set(mine) and set(mine) - set(theirs) <= {"git_revision", "git_dirty", "cpu", "revealing_share", "settled_strict", "loss_fall_last", "gen_n_forced_inputs", "base_b_mean", "base_b_cv", "base_b_top10_share"}  # columns added since it was made
 
 
 def test_base_names_the_base_model_only_and_the_former_keywords_warn_for_a_release(tmp_path):
