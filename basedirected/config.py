@@ -828,6 +828,7 @@ def check_option_value(o: Option,            # the row that sets it
     if value > c.value: raise ValueError(f"{name} must be <= {shown(c.value)} ({c.why}), got {value if isinstance(value, int) else f'{value:g}'}")
     return value
 
+# %% ../nbs/09_config.ipynb #3622f7ed
 def option_help(o: Option,             # one of OPTIONS
                 hf_only: bool = False,  # for basedirected-hf-train: the default a Hugging Face run takes
                ) -> str:
