@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from .conventions import MAX_TERM_WEIGHT, check_at_most, patch
 from .distributions import categorical_kl, gaussian_kl
-from .model import Batch, CausalLM, Rows, as_rows, gather_response, layout_tokens
+from .model import Batch, CausalLM, EncodedExamples, Rows, as_rows, gather_response, layout_tokens
 from .objective import ReconstructionLossConfig, free_bits_kl, loss_token_weights, objective
 from .surprisal import token_surprisal
 from .tasks import Example, Vocab, make_task
@@ -211,10 +211,10 @@ def response_readability(task_name: str,            # a registered task, built w
     torch.manual_seed(seed)
     c_psi = ResponseCodeClassifier(len(vocab), 64, classes, 256, ordered=ordered)
     opt, target = torch.optim.AdamW(c_psi.parameters(), 1e-3), torch.tensor([label(e) for e in train])
-    g = torch.Generator().manual_seed(seed)
+    g, encoded = torch.Generator().manual_seed(seed), EncodedExamples(vocab, train)  # encoded once: each step gathers its rows
     for _ in range(steps):
         i = torch.randint(len(train), (64,), generator=g)
-        loss = F.cross_entropy(c_psi(as_rows(vocab, [train[j] for j in i], torch.device("cpu")).base), target[i])
+        loss = F.cross_entropy(c_psi(encoded.select(i).base), target[i])
         opt.zero_grad(); loss.backward(); opt.step()
     with torch.no_grad(): guess = c_psi(as_rows(vocab, held, torch.device("cpu")).base).argmax(-1)
     truth = torch.tensor([label(e) for e in held])
