@@ -24,7 +24,7 @@ from .surprisal import surprisal_profile
 __all__ = ['MOVED_TO_BACKBONE', 'AUSTEN_PACKAGE', 'AUSTEN_TITLES', 'R_CHARACTER_VECTOR', 'R_STRING', 'tr', 'ho', 'END_OF_TEXT',
            'LM_RECORD', 'HELDOUT_FILE', 'read_character_vector', 'read_lazy_load_database', 'paragraphs',
            'austen_database', 'austen_novels', 'split_prose', 'train_bpe_tokenizer', 'EnglishLMRecipe', 'token_stream',
-           'english_lm_config', 'pretrain_english_lm', 'prose_surprisal', 'prose_profile', 'model_card',
+           'english_lm_config', 'pretrain_english_lm', 'prose_surprisal', 'prose_profile', 'prose_record', 'model_card',
            'save_english_lm']
 
 # %% ../nbs/10a_english.ipynb #5a022de4
@@ -245,7 +245,11 @@ def prose_surprisal(model,                 # a causal LM (transformers), in eval
 # %% ../nbs/10a_english.ipynb #ba08fbb8
 def prose_profile(model, tokenizer, texts: list[str]) -> dict[str, float]:
     "The model on held-out prose: its tokens, perplexity $\\exp(\\bar b)$, and `surprisal_profile` (mean, CV, top-10 % share)."
-    b = prose_surprisal(model, tokenizer, texts)
+    return prose_record(prose_surprisal(model, tokenizer, texts))
+
+def prose_record(b: torch.Tensor,  # every token's b_t, as `prose_surprisal` scores them
+                ) -> dict[str, float]:
+    "`prose_profile` of prose already scored: its tokens, perplexity $\\exp(\\bar b)$, and `surprisal_profile`."
     profile = surprisal_profile(b)
     return {"tokens": b.numel(), "perplexity": math.exp(profile["b_mean"]), **profile}
 
