@@ -54,7 +54,8 @@ def _load(driver, url):
     from selenium.webdriver.support.ui import WebDriverWait
     driver.get(url)
     # MathJax 3: startup.promise resolves once the page is typeset (at once on a page without math)
-    WebDriverWait(driver, 60).until(lambda d: d.execute_script(
+    # polled every 20 ms, not selenium's default 0.5 s: a page is typeset in well under a second, and the wait is idle time on every page
+    WebDriverWait(driver, 60, poll_frequency=0.02).until(lambda d: d.execute_script(
         "if (document.readyState !== 'complete') return false; if (!window.MathJax) return true;"
         "if (!window.__bd_mj && MathJax.startup && MathJax.startup.promise) { window.__bd_mj = 'waiting';"
         " MathJax.startup.promise.then(function () { window.__bd_mj = 'done'; }, function (e) { window.__bd_mj = 'failed: ' + e; }); }"
@@ -134,16 +135,16 @@ def test_search_leads_from_a_name_to_its_definition(site, browser):
     assert (out / "search-index.js").stat().st_size > 10_000 and (out / "search.js").exists()
     _load(browser, urljoin(base, "13_results.html"))
     browser.find_element(By.ID, "bd-search").send_keys("concentration_factor")
-    hits = WebDriverWait(browser, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#bd-results a"))
+    hits = WebDriverWait(browser, 10, poll_frequency=0.02).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#bd-results a"))
     assert hits[0].text.startswith("Token weights › concentration_factor")
     hits[0].click()
-    WebDriverWait(browser, 30).until(lambda d: urlparse(d.current_url).path.endswith("/02_weights.html"))
+    WebDriverWait(browser, 30, poll_frequency=0.02).until(lambda d: urlparse(d.current_url).path.endswith("/02_weights.html"))
     assert urlparse(browser.current_url).fragment == "concentration_factor" and browser.title == "Token weights – basedirected"
     assert browser.find_element(By.ID, "concentration_factor").text.startswith("concentration_factor")
     # Enter follows the first result; a query that matches nothing says so
     box = browser.find_element(By.ID, "bd-search")
     box.clear(); box.send_keys("reference_weights", Keys.ENTER)
-    WebDriverWait(browser, 30).until(lambda d: urlparse(d.current_url).fragment == "reference_weights")
+    WebDriverWait(browser, 30, poll_frequency=0.02).until(lambda d: urlparse(d.current_url).fragment == "reference_weights")
     assert urlparse(browser.current_url).path.endswith("/02_weights.html")
     box.clear(); box.send_keys("qwertyuiop")
     assert browser.find_element(By.ID, "bd-results").text == "No results"
@@ -161,10 +162,10 @@ def test_previous_and_next_links_follow_the_reading_order(site, browser):
         assert (nxt and nxt.group(1)) == (names[i + 1] if i + 1 < len(names) else None), page.name
     _load(browser, urljoin(base, "01_surprisal.html"))
     browser.find_element(By.CSS_SELECTOR, ".bd-pager a[rel=next]").click()
-    WebDriverWait(browser, 30).until(lambda d: urlparse(d.current_url).path.endswith("/02_weights.html"))
+    WebDriverWait(browser, 30, poll_frequency=0.02).until(lambda d: urlparse(d.current_url).path.endswith("/02_weights.html"))
     assert browser.title == "Token weights – basedirected"
     browser.find_element(By.CSS_SELECTOR, ".bd-pager a[rel=prev]").click()
-    WebDriverWait(browser, 30).until(lambda d: urlparse(d.current_url).path.endswith("/01_surprisal.html"))
+    WebDriverWait(browser, 30, poll_frequency=0.02).until(lambda d: urlparse(d.current_url).path.endswith("/01_surprisal.html"))
 
 
 def test_screenshot_of_the_objective_page(site, browser, tmp_path):
