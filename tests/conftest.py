@@ -38,11 +38,12 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(scope="session")
-def smoke_dir(tmp_path_factory, worker_id):
+def smoke_dir(tmp_path_factory, request):
     "The smoke preset's sweep, run once in one process (bit-identical to a CLI run); the sweep and cluster tests read it, on every xdist worker the same one."
     from filelock import FileLock
     from basedirected.repro import repro_main
-    root = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent  # the workers' shared folder
+    worker = getattr(request.config, "workerinput", None)  # an xdist worker's (pytest -p no:xdist has no worker_id fixture)
+    root = tmp_path_factory.getbasetemp() if worker is None else tmp_path_factory.getbasetemp().parent  # the workers' shared folder
     out = root / "smoke-shared"
     with FileLock(str(out) + ".lock"):  # the first worker to ask runs it; the other waits and reads it
         if not (out / "results.csv").is_file():

@@ -22,9 +22,10 @@ from basedirected.presets import PRESETS, plan
 from basedirected.repro import repro_main
 from basedirected.runs import RunDir, read_json, read_log
 
-LOCAL = ClusterConfig(executor="submitit", cluster="local", poll_s=0.5)
-# one cell long enough to be stopped between checkpoints: 1,000 steps, a checkpoint every 100
-LONG = dataclasses.replace(PRESETS["smoke"], objectives=("theta",), posteriors=("exact",), cvae_steps=1000, evals=10)
+LOCAL = ClusterConfig(executor="submitit", cluster="local", poll_s=0.05)  # a look at local jobs costs little; a long wait is idle time
+# one cell long enough to be stopped between checkpoints: 500 steps, a checkpoint every 100 (the test sees the first within 0.1 s,
+# with 400 steps to go)
+LONG = dataclasses.replace(PRESETS["smoke"], objectives=("theta",), posteriors=("exact",), cvae_steps=500, evals=5)
 
 
 def _rows(out):
@@ -69,7 +70,7 @@ def _job_processes(out):
 def local_smoke(tmp_path_factory):
     "The smoke preset through the local cluster: one subprocess job per cell, two at a time on two cores."
     out = tmp_path_factory.mktemp("local-smoke")
-    assert repro_main(["--preset", "smoke", "--out", str(out), "--quiet", "--executor", "submitit", "--cluster", "local", "--poll-s", "0.5"]) == 0
+    assert repro_main(["--preset", "smoke", "--out", str(out), "--quiet", "--executor", "submitit", "--cluster", "local", "--poll-s", "0.05"]) == 0
     return out
 
 
