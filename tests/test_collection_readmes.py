@@ -232,3 +232,25 @@ def test_austen_narrated_gate_readme_is_its_files():
     assert "with a word that mixes a digit, | or = into other characters (read as narration, so a step of the trace is lost): 4" in (d / "diagnosis.log").read_text()
     log = (d / "run.log").read_text()
     assert "real\t12m43.061s" in log and "2000/2000 [11:12<" in log and "12 min 43 s" in text and "took 11 min 12 s" in text and "clean worktree at da75ba8" in text
+
+
+def test_austen_narrated_gate_2_readme_is_its_files():
+    "The second narrated base (four times the data, three times the steps) fails the gate by less, with the figures its README gives."
+    d, text = REF / "austen-narrated-gate-2", _readme("austen-narrated-gate-2")
+    g, first = (json.loads((REF / n / "base_gate.json").read_text()) for n in ("austen-narrated-gate-2", "austen-narrated-gate"))
+    assert not g["passes"] and g["n_inputs"] == 256 and g["valid_rate_n"] == 1024 and g["ideal_per_token"] is None and g["base"]["narration"] == "austen-gpt2"
+    assert g["base"]["n_train"] == 8192 and g["base"]["fine_tune"]["steps"] == 6000
+    rate = lambda r, k: f"{r[k]:.3f} ({r[k + '_lo']:.3f}–{r[k + '_hi']:.3f})"
+    assert f"| valid traces | {rate(first, 'valid_rate')} | {rate(g, 'valid_rate')} | ≥ 0.95 |" in text
+    assert f"| answers right | {rate(first, 'answer_only_accuracy')} | {rate(g, 'answer_only_accuracy')} | ≥ 0.98 |" in text
+    assert f"| strategy frequencies off by | {first['strategy_gap']:.3f} | {g['strategy_gap']:.3f} | ≤ 0.05 |" in text
+    assert 0.3 < g["valid_rate"] < 0.9 and 0.85 < g["answer_only_accuracy"] < 0.98 and g["strategy_gap"] <= 0.05  # the prediction's ranges
+    tail = lambda n: sum(json.loads((REF / n / "fine_tune.json").read_text())["losses"][-100:]) / 100
+    assert f"({tail('austen-narrated-gate-2'):.2f} against {tail('austen-narrated-gate'):.2f} nats per token" in text
+    assert len(json.loads((d / "fine_tune.json").read_text())["losses"]) == 6000
+    log = (d / "run.log").read_text()
+    assert "6000/6000 [36:01<" in log and "exit 2 after 2410 s" in log and "2,410 s in all" in text and "took 36 min 1 s" in text
+    assert "clean worktree at f892dc2" in text
+    findings = (ROOT / "nbs" / "13_findings.ipynb").read_text()
+    assert f"valid traces {g['valid_rate']:.3f}, answers right {g['answer_only_accuracy']:.3f}, with 8,192 examples and 6,000 steps" in findings
+    assert f"(valid traces {first['valid_rate']:.3f} and {g['valid_rate']:.3f})" in (REF / "README.md").read_text()
